@@ -1,0 +1,1 @@
+"""Position-encoding building blocks, one scheme per file."""
