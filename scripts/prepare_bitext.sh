@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Raw parallel text -> joint sentencepiece -> fairseq binarized data (--joined-dictionary).
+#
+#   scripts/prepare_bitext.sh RAW_DIR OUT_DIR SRC TGT VOCAB_SIZE [EXTRA_TEST_SPLIT ...]
+#
+# RAW_DIR holds {train,valid,test}.{SRC,TGT} (+ each EXTRA_TEST_SPLIT.{SRC,TGT}), one untokenized sentence a
+# line, line-aligned. Writes OUT_DIR/spm.model, OUT_DIR/spm/<split>.<lang> (pieces) and OUT_DIR/bin/ (fairseq
+# data; extra splits keep their own names, e.g. --gen-subset test_long). Every step writes to a temporary
+# name and renames, and is skipped on a rerun when its output exists, so an interrupted run is safe to rerun.
+# SPM_TRAIN_SENTENCES caps the sentences sentencepiece samples for training (default 2000000).
+set -euo pipefail
+if [ $# -lt 5 ]; then
+  echo "usage: $0 RAW_DIR OUT_DIR SRC TGT VOCAB_SIZE [EXTRA_TEST_SPLIT ...]" >&2; exit 2
+fi
+RAW=$1 OUT=$2 SRC=$3 TGT=$4 VOCAB=$5
+shift 5
+EXTRA=("$@")
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=${PY:-python}
+
+SPLITS=(train valid test "${EXTRA[@]}")
+for split in "${SPLITS[@]}"; do
+  for lang in "$SRC" "$TGT"; do
+    [ -s "$RAW/$split.$lang" ] || { echo "prepare_bitext.sh: missing or empty file $RAW/$split.$lang" >&2; exit 1; }
+  done
+  ns=$(wc -l < "$RAW/$split.$SRC"); nt=$(wc -l < "$RAW/$split.$TGT")
+  [ "$ns" = "$nt" ] || {
+    echo "prepare_bitext.sh: $RAW/$split.$SRC has $ns lines but $RAW/$split.$TGT has $nt (must be line-aligned)" >&2; exit 1; }
+done
+mkdir -p "$OUT/spm"
+
+# 1. joint sentencepiece model on train (both sides)
+if [ ! -s "$OUT/spm.model" ]; then
+  tmp=$(mktemp -d "$OUT/.spm.XXXXXX")
+  "$PY" "$HERE/spm_train.py" --input "$RAW/train.$SRC" "$RAW/train.$TGT" --model-prefix "$tmp/spm" \
+    --vocab-size "$VOCAB" --max-sentences "${SPM_TRAIN_SENTENCES:-2000000}"
+  mv "$tmp/spm.vocab" "$OUT/spm.vocab"
+  mv "$tmp/spm.model" "$OUT/spm.model"  # last: its presence marks the step done
+  rm -rf "$tmp"
+fi
+
+# 2. encode every split into pieces
+for split in "${SPLITS[@]}"; do
+  for lang in "$SRC" "$TGT"; do
+    dst="$OUT/spm/$split.$lang"
+    if [ ! -f "$dst" ]; then
+      "$PY" "$HERE/spm_encode.py" --model "$OUT/spm.model" < "$RAW/$split.$lang" > "$dst.tmp"
+      mv "$dst.tmp" "$dst"
+    fi
+  done
+done
+
+# 3. binarize with one joined dictionary
+if [ ! -f "$OUT/bin/.done" ]; then
+  rm -rf "$OUT/bin.tmp"
+  fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" --joined-dictionary \
+    --trainpref "$OUT/spm/train" --validpref "$OUT/spm/valid" --testpref "$OUT/spm/test" \
+    --destdir "$OUT/bin.tmp" --workers "${WORKERS:-2}" --thresholdsrc 0 --thresholdtgt 0 > "$OUT/preprocess.log" 2>&1 ||
+    { tail -5 "$OUT/preprocess.log" >&2; exit 1; }
+  for split in "${EXTRA[@]}"; do  # extra test splits, binarized with the same dictionary under their own name
+    fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" --srcdict "$OUT/bin.tmp/dict.$SRC.txt" \
+      --tgtdict "$OUT/bin.tmp/dict.$TGT.txt" --testpref "$OUT/spm/$split" --destdir "$OUT/bin.tmp/$split.tmp" \
+      --workers "${WORKERS:-2}" >> "$OUT/preprocess.log" 2>&1 || { tail -5 "$OUT/preprocess.log" >&2; exit 1; }
+    for f in "$OUT/bin.tmp/$split.tmp"/test.*; do mv "$f" "$OUT/bin.tmp/$split.${f##*/test.}"; done
+    rm -rf "$OUT/bin.tmp/$split.tmp"
+  done
+  touch "$OUT/bin.tmp/.done"
+  rm -rf "$OUT/bin"
+  mv "$OUT/bin.tmp" "$OUT/bin"
+fi
+echo "binarized data in $OUT/bin"

@@ -1,0 +1,61 @@
+"""Shared fixtures: the toy task prepared once per session, and tiny models trained once per session."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+BIN = Path(sys.executable).parent  # the venv's bin: fairseq-train & co.
+# Training budget for the "learns the toy task" tests and fixtures: same for every arch.
+TOY_EPOCHS = int(os.environ.get("TOY_EPOCHS", "12"))
+
+
+def env():
+    e = dict(os.environ)
+    e["PATH"] = f"{BIN}{os.pathsep}{e.get('PATH', '')}"
+    e.setdefault("OMP_NUM_THREADS", "2")
+    return e
+
+
+def run(cmd, check=True, **kw):
+    """Run a command (list or shell string) from the repo root with the venv on PATH; on failure,
+    fail the test with the tail of its output."""
+    kw.setdefault("cwd", REPO)
+    proc = subprocess.run(cmd, shell=isinstance(cmd, str), env=env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+    if check and proc.returncode != 0:
+        pytest.fail(f"command failed ({proc.returncode}): {cmd}\n{proc.stdout[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def toy_data(tmp_path_factory):
+    """The embedded toy task (default sizes), sentencepiece-encoded and binarized."""
+    out = tmp_path_factory.mktemp("toy")
+    run([sys.executable, "scripts/make_toy_data.py", "--out", str(out / "raw")])
+    run(["bash", "scripts/prepare_bitext.sh", str(out / "raw"), str(out), "src", "tgt", "400", "test_long"])
+    return out
+
+
+class ToyModels:
+    """Trains each arch once per session with the demo recipe (scripts/train_toy.sh)."""
+
+    def __init__(self, data, root):
+        self.data, self.root, self.done = data, root, {}
+
+    def checkpoint(self, arch, *extra):
+        key = (arch,) + extra
+        if key not in self.done:
+            save = self.root / "_".join(a.strip("-").replace("-", "") for a in key)
+            run(["bash", "scripts/train_toy.sh", save.name, arch, *extra],
+                env={**env(), "DATA": str(self.data / "bin"), "EPOCHS": str(TOY_EPOCHS), "SAVE_DIR": str(save)})
+            self.done[key] = save / "checkpoint_best.pt"
+        return self.done[key]
+
+
+@pytest.fixture(scope="session")
+def toy_models(toy_data, tmp_path_factory):
+    return ToyModels(toy_data, tmp_path_factory.mktemp("toy_models"))
