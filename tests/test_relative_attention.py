@@ -1,0 +1,193 @@
+"""RelativeMultiheadAttention against the equations of Shaw et al. (2018), written out naively."""
+import argparse
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.modules import MultiheadAttention
+
+utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+from fairseq_plugins.modules.relative_attention import RelativeMultiheadAttention  # noqa: E402
+
+EMBED, HEADS, K = 8, 2, 4
+
+
+def make_attention(k=K, keys=True, values=True, per_head=True, seed=0):
+    torch.manual_seed(seed)
+    m = RelativeMultiheadAttention(EMBED, HEADS, k, relative_keys=keys, relative_values=values, per_head=per_head)
+    return m.double().eval()
+
+
+def naive_relative_attention(m, x, key_padding_mask=None, attn_mask=None):
+    """e_ij = x_i W^Q (x_j W^K + a^K_ij)^T / sqrt(d_z), z_i = Σ_j α_ij (x_j W^V + a^V_ij), with explicit
+    (T, T, d_z) tensors a_ij = w_clip(j−i, k)."""
+    T, B, E = x.shape
+    H, d, k = m.num_heads, m.head_dim, m.max_relative_positions
+
+    def heads(y):  # (T, B, E) -> (B, H, T, d)
+        return y.view(T, B, H, d).permute(1, 2, 0, 3)
+
+    def pair_vectors(table):  # a_ij for every pair: (H, T, T, d)
+        if table is None:
+            return torch.zeros(H, T, T, d, dtype=x.dtype)
+        a = torch.empty(H, T, T, d, dtype=x.dtype)
+        for i in range(T):
+            for j in range(T):
+                row = max(-k, min(k, j - i)) + k
+                a[:, i, j] = table[:, row] if table.dim() == 3 else table[row]
+        return a
+
+    xq = heads(x @ m.q_proj.weight.T + m.q_proj.bias)
+    xk = heads(x @ m.k_proj.weight.T + m.k_proj.bias)
+    xv = heads(x @ m.v_proj.weight.T + m.v_proj.bias)
+    keys = xk[:, :, None, :, :] + pair_vectors(m.relative_keys)  # x_j W^K + a^K_ij: (B, H, T, T, d)
+    values = xv[:, :, None, :, :] + pair_vectors(m.relative_values)
+    e = torch.einsum("bhid,bhijd->bhij", xq, keys) / math.sqrt(d)
+    if attn_mask is not None:
+        e = e + attn_mask
+    if key_padding_mask is not None:
+        e = e.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    alpha = e.softmax(dim=-1)
+    z = torch.einsum("bhij,bhijd->bhid", alpha, values)
+    return z.permute(2, 0, 1, 3).reshape(T, B, E) @ m.out_proj.weight.T + m.out_proj.bias
+
+
+def causal_mask(T):
+    return torch.triu(torch.full((T, T), float("-inf"), dtype=torch.float64), 1)
+
+
+def inputs(T, B=2, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, B, EMBED, generator=g, dtype=torch.float64)
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    pad[-1, : T // 3] = True  # left padding, as fairseq's source side
+    return x, pad
+
+
+@pytest.mark.parametrize("T", [3, 9])  # shorter and longer than k
+@pytest.mark.parametrize("per_head", [True, False])
+@pytest.mark.parametrize("keys,values", [(True, True), (True, False), (False, True)])
+def test_matches_equations_forward_and_gradients(T, per_head, keys, values):
+    m = make_attention(keys=keys, values=values, per_head=per_head)
+    x, pad = inputs(T)
+    x.requires_grad_(True)
+    out, _ = m(x, x, x, key_padding_mask=pad)
+    ref = naive_relative_attention(m, x, key_padding_mask=pad)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+    probe = torch.randn_like(out)
+    wrt = [x] + [p for p in (m.relative_keys, m.relative_values, m.q_proj.weight, m.v_proj.weight) if p is not None]
+    grads = torch.autograd.grad((out * probe).sum(), wrt)
+    ref_grads = torch.autograd.grad((ref * probe).sum(), wrt)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("per_head", [True, False])
+def test_matches_equations_with_causal_mask(per_head):
+    m = make_attention(per_head=per_head)
+    x, pad = inputs(7)
+    x.requires_grad_(True)
+    out, _ = m(x, x, x, attn_mask=causal_mask(7))
+    ref = naive_relative_attention(m, x, attn_mask=causal_mask(7))
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    gx, = torch.autograd.grad(out.sum(), x)
+    rx, = torch.autograd.grad(ref.sum(), x)
+    torch.testing.assert_close(gx, rx, rtol=0, atol=1e-12)
+
+
+def test_long_sequence_grows_the_shared_index_tables():
+    m = make_attention(k=2)
+    x, pad = inputs(70, B=1)
+    torch.testing.assert_close(m(x, x, x)[0], naive_relative_attention(m, x), rtol=0, atol=1e-12)
+
+
+def test_k_zero_is_the_no_position_ablation():
+    """k = 0: one vector for every pair, computed as the equations say; permuting the input permutes the output."""
+    m = make_attention(k=0)
+    assert m.relative_keys.shape == (HEADS, 1, EMBED // HEADS)
+    x, _ = inputs(5)
+    out, _ = m(x, x, x)
+    torch.testing.assert_close(out, naive_relative_attention(m, x), rtol=0, atol=1e-12)
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    torch.testing.assert_close(m(x[perm], x[perm], x[perm])[0], out[perm], rtol=0, atol=1e-12)
+
+
+def test_negative_k_is_an_error():
+    with pytest.raises(ValueError, match=r"max_relative_positions must be >= 0 \(got -1\)"):
+        RelativeMultiheadAttention(EMBED, HEADS, -1)
+
+
+def test_left_padding_does_not_move_relative_positions():
+    m = make_attention()
+    x, _ = inputs(6, B=1)
+    padded = torch.cat([torch.randn(3, 1, EMBED, dtype=torch.float64), x])
+    pad = torch.tensor([[True] * 3 + [False] * 6])
+    torch.testing.assert_close(m(padded, padded, padded, key_padding_mask=pad)[0][3:], m(x, x, x)[0])
+
+
+@pytest.mark.parametrize("zeroed", ["tables", "absent"])
+def test_without_relative_terms_equals_fairseq_attention(zeroed):
+    torch.manual_seed(0)
+    if zeroed == "tables":
+        rel = RelativeMultiheadAttention(EMBED, HEADS, K)
+        with torch.no_grad():
+            rel.relative_keys.zero_()
+            rel.relative_values.zero_()
+    else:
+        rel = RelativeMultiheadAttention(EMBED, HEADS, K, relative_keys=False, relative_values=False)
+    mha = MultiheadAttention(EMBED, HEADS, self_attention=True)
+    missing, unexpected = mha.load_state_dict(rel.state_dict(), strict=False)
+    assert not missing and set(unexpected) <= {"relative_keys", "relative_values"}
+    x, pad = (t.float() if t.is_floating_point() else t for t in inputs(6))
+    for kwargs in ({"key_padding_mask": pad}, {"attn_mask": causal_mask(6).float()}):
+        out, w = rel(x, x, x, need_weights=True, **kwargs)
+        ref, ref_w = mha(x, x, x, need_weights=True, **kwargs)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
+        torch.testing.assert_close(w, ref_w, rtol=0, atol=1e-6)
+
+
+def test_never_takes_fairseqs_fused_paths(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("fused attention path taken")
+
+    monkeypatch.setattr(F, "multi_head_attention_forward", refuse)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
+    m = make_attention()
+    x, pad = inputs(5)
+    for training in (True, False):
+        m.train(training)
+        m(x, x, x, key_padding_mask=pad, need_weights=False)
+
+
+@pytest.mark.parametrize("per_head", [True, False])
+def test_incremental_decoding_with_beam_reorder_equals_causal_forward(per_head):
+    m = make_attention(per_head=per_head)
+    T, B = 7, 3
+    x, _ = inputs(T, B=B)
+    new_order = torch.tensor([2, 0, 0])  # beams dropped and duplicated, as in beam search
+    full = m(x, x, x, attn_mask=causal_mask(T))[0]
+    full_reordered = m(x[:, new_order], x[:, new_order], x[:, new_order], attn_mask=causal_mask(T))[0]
+
+    state, steps = {}, []
+    for t in range(T):
+        if t == 4:
+            m.reorder_incremental_state(state, new_order)
+        xt = x[t : t + 1, new_order] if t >= 4 else x[t : t + 1]
+        steps.append(m(xt, xt, xt, incremental_state=state)[0])
+        expected = full_reordered[t : t + 1] if t >= 4 else full[t : t + 1]
+        torch.testing.assert_close(steps[-1], expected, rtol=0, atol=1e-5)
+    assert m._get_input_buffer(state)["prev_key"].shape == (B, HEADS, T, EMBED // HEADS)
+
+
+def test_need_head_weights_and_before_softmax_keep_fairseqs_shapes():
+    m = make_attention()
+    x, pad = inputs(5)
+    out, w = m(x, x, x, key_padding_mask=pad, need_head_weights=True)
+    assert out.shape == x.shape and w.shape == (HEADS, 2, 5, 5)
+    torch.testing.assert_close(w.sum(-1), torch.ones(HEADS, 2, 5, dtype=torch.float64))
+    scores, v = m(x, x, x, before_softmax=True)
+    assert scores.shape == (2 * HEADS, 5, 5) and v.shape == (2 * HEADS, 5, EMBED // HEADS)
