@@ -1,0 +1,259 @@
+"""``floater_transformer``: fairseq's Transformer with FLOATER position biases (Liu et al., ICML 2020).
+
+The maths lives in ``fairseq_plugins/modules/floater.py``. Here: which projections each flow drives.
+
+- Encoder: one flow; its state is every driven block's self-attention q, k, v initial bias.
+- Decoder: one flow for every driven block's self-attention q, k, v and cross-attention q (indexed by
+  target positions), and one flow for the cross-attention k, v (indexed by *source* positions, each
+  key by its own source position).
+- ``--floater-layers all`` drives every block, ``input`` only the first (FLOATER Table 2's two groups); the
+  other blocks keep constant, ordinary projection biases. The sinusoidal input embedding stays.
+
+Grid rows follow fairseq's own position numbering (left padding does not shift positions); during
+incremental decoding step t uses row t.
+
+Not supported (rejected when the model is built): --cross-self-attention, --checkpoint-activations and
+--quant-noise-pq (they change or re-run the attention projections behind the biases' back).
+"""
+
+import argparse
+from contextlib import ExitStack
+
+import torch
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+    base_architecture,
+    tiny_architecture,
+    transformer_vaswani_wmt_en_de_big,
+    transformer_vaswani_wmt_en_fr_big,
+    transformer_wmt_en_de,
+)
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from ..modules.floater import (
+    SOLVER_NAMES,
+    FloaterFlow,
+    bind_position_biases,
+    check_flow_settings,
+    enable_position_biases,
+    rows_from_padding_mask,
+    token_rows,
+)
+
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _positive(kind):
+    """argparse type: a finite number > 0 (argparse prints the message as one error line)."""
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def add_floater_args(parser):
+    """The FLOATER flags (also used by scripts/transformer_to_floater.py)."""
+    parser.add_argument("--floater-dt", type=_positive(float), metavar="D",
+                        help="grid spacing Δ: position i is time t_i = i·Δ (default 0.1, the paper's "
+                             "Appendix B; the authors' code used 0.01)")
+    parser.add_argument("--floater-method", choices=SOLVER_NAMES, metavar="SOLVER",
+                        help="torchdiffeq solver (default rk4 with 5 steps per Δ, the paper's RK4 at Δ/5; "
+                             "fixed-grid solvers take the same Δ/5 steps, adaptive ones (dopri5, ...) use "
+                             "--floater-rtol/--floater-atol). One of: " + ", ".join(SOLVER_NAMES))
+    parser.add_argument("--floater-rtol", type=_positive(float), metavar="R",
+                        help="relative tolerance of adaptive solvers (default 1e-4)")
+    parser.add_argument("--floater-atol", type=_positive(float), metavar="A",
+                        help="absolute tolerance of adaptive solvers (default 1e-6)")
+    parser.add_argument("--floater-adjoint", action="store_true",
+                        help="back-propagate through the ODE with torchdiffeq's adjoint method "
+                             "(odeint_adjoint: less memory, one more solve backwards)")
+    parser.add_argument("--floater-hidden", type=_positive(int), metavar="H",
+                        help="hidden width of the dynamics MLP h (default: the embedding dimension d)")
+    parser.add_argument("--floater-update-every", type=_positive(int), metavar="N",
+                        help="re-solve the ODE with gradient every N updates (default 1: exact gradient "
+                             "every update); in between, cached biases are reused detached: b(0) still "
+                             "gets its gradient, the flow θ none (the paper's §4.4 cost trick)")
+    parser.add_argument("--floater-layers", choices=("all", "input"),
+                        help="blocks whose q/k/v biases follow the flow: all (default) or input (the first "
+                             "block only; the others keep ordinary constant biases)")
+
+
+def floater_defaults(args):
+    args.floater_dt = getattr(args, "floater_dt", 0.1)
+    args.floater_method = getattr(args, "floater_method", "rk4")
+    args.floater_rtol = getattr(args, "floater_rtol", 1e-4)
+    args.floater_atol = getattr(args, "floater_atol", 1e-6)
+    args.floater_adjoint = getattr(args, "floater_adjoint", False)
+    args.floater_hidden = getattr(args, "floater_hidden", None)
+    args.floater_update_every = getattr(args, "floater_update_every", 1)
+    args.floater_layers = getattr(args, "floater_layers", "all")
+
+
+def check_floater_args(args):
+    """One-line ValueError naming the flag, for settings given outside the command line."""
+    hidden = args.floater_hidden if args.floater_hidden is not None else 1
+    check_flow_settings(args.floater_dt, args.floater_method, args.floater_rtol, args.floater_atol,
+                        args.floater_update_every, hidden)
+    if args.floater_layers not in ("all", "input"):
+        raise ValueError(f"--floater-layers must be 'all' or 'input', got {args.floater_layers!r}")
+    for flag, name in (("--cross-self-attention", "cross_self_attention"),
+                       ("--checkpoint-activations", "checkpoint_activations"),
+                       ("--offload-activations", "offload_activations")):
+        if getattr(args, name, False):
+            raise ValueError(f"floater_transformer does not support {flag}")
+    if getattr(args, "quant_noise_pq", 0):
+        raise ValueError("floater_transformer does not support --quant-noise-pq")
+
+
+def build_flow(cfg, dim):
+    return FloaterFlow(dim, hidden=cfg.floater_hidden or dim, dt=cfg.floater_dt, method=cfg.floater_method,
+                       rtol=cfg.floater_rtol, atol=cfg.floater_atol, adjoint=cfg.floater_adjoint,
+                       update_every=cfg.floater_update_every)
+
+
+@register_model("floater_transformer")
+class FloaterTransformerModel(TransformerModel):
+    """Transformer whose attention q/k/v biases follow a learned ODE along positions (FLOATER)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_floater_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        floater_defaults(args)
+        check_floater_args(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return FloaterTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return FloaterTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+
+class FloaterEncoderLayer(TransformerEncoderLayerBase):
+    def build_self_attention(self, embed_dim, cfg):
+        return enable_position_biases(super().build_self_attention(embed_dim, cfg))
+
+
+class FloaterDecoderLayer(TransformerDecoderLayerBase):
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        return enable_position_biases(super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn))
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return enable_position_biases(super().build_encoder_attention(embed_dim, cfg))
+
+
+def _driven(layers, cfg):
+    return list(layers) if cfg.floater_layers == "all" else list(layers)[:1]
+
+
+class FloaterTransformerEncoder(TransformerEncoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        self.floater_flow = build_flow(cfg, cfg.encoder.embed_dim)
+        # The flow's state, in order: block n's self-attention q, k, v (a plain list: not a submodule).
+        self.floater_projections = [getattr(layer.self_attn, name)
+                                    for layer in _driven(self.layers, cfg) for name in QKV]
+
+    def build_encoder_layer(self, cfg):
+        return FloaterEncoderLayer(cfg, return_fc=self.return_fc)
+
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
+        delta = self.floater_flow([p.bias for p in self.floater_projections], src_tokens.size(1))
+        with bind_position_biases(self.floater_projections, delta, token_rows(src_tokens, self.padding_idx)):
+            return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+
+
+class FloaterTransformerDecoder(TransformerDecoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+        driven = _driven(self.layers, cfg)
+        dim = cfg.decoder.embed_dim
+        # Target-indexed: block n's self-attention q, k, v and cross-attention q.
+        self.floater_flow = build_flow(cfg, dim)
+        self.floater_projections = [
+            proj for layer in driven for proj in
+            [getattr(layer.self_attn, name) for name in QKV]
+            + ([layer.encoder_attn.q_proj] if layer.encoder_attn is not None else [])
+        ]
+        # Source-indexed: block n's cross-attention k, v.
+        self.floater_cross_flow = build_flow(cfg, dim) if not no_encoder_attn else None
+        self.floater_cross_projections = [getattr(layer.encoder_attn, name)
+                                          for layer in driven if layer.encoder_attn is not None
+                                          for name in ("k_proj", "v_proj")]
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return FloaterDecoderLayer(cfg, no_encoder_attn)
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         full_context_alignment=False, alignment_layer=None, alignment_heads=None):
+        tgt_len = prev_output_tokens.size(1)
+        if incremental_state is not None:  # this step's token sits at row tgt_len − 1
+            tgt_rows = prev_output_tokens.new_full((1, 1), tgt_len - 1)
+        else:
+            tgt_rows = token_rows(prev_output_tokens, self.padding_idx)
+        with ExitStack() as biases:
+            delta = self.floater_flow([p.bias for p in self.floater_projections], tgt_len)
+            biases.enter_context(bind_position_biases(self.floater_projections, delta, tgt_rows))
+            if (self.floater_cross_flow is not None and encoder_out is not None
+                    and len(encoder_out["encoder_out"]) > 0):
+                src_len, batch = encoder_out["encoder_out"][0].shape[:2]
+                if len(encoder_out["encoder_padding_mask"]) > 0:
+                    src_rows = rows_from_padding_mask(encoder_out["encoder_padding_mask"][0])
+                else:
+                    src_rows = torch.arange(src_len, device=prev_output_tokens.device).unsqueeze(1)
+                cross = self.floater_cross_flow([p.bias for p in self.floater_cross_projections], src_len)
+                biases.enter_context(bind_position_biases(self.floater_cross_projections, cross, src_rows))
+            return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                            full_context_alignment, alignment_layer, alignment_heads)
+
+
+# architectures
+
+
+@register_model_architecture("floater_transformer", "floater_transformer")
+def floater_transformer(args):
+    floater_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("floater_transformer", "floater_transformer_wmt_en_de")
+def floater_transformer_wmt_en_de(args):
+    floater_defaults(args)
+    transformer_wmt_en_de(args)
+
+
+@register_model_architecture("floater_transformer", "floater_transformer_vaswani_wmt_en_de_big")
+def floater_transformer_vaswani_wmt_en_de_big(args):
+    floater_defaults(args)
+    transformer_vaswani_wmt_en_de_big(args)
+
+
+@register_model_architecture("floater_transformer", "floater_transformer_vaswani_wmt_en_fr_big")
+def floater_transformer_vaswani_wmt_en_fr_big(args):
+    floater_defaults(args)
+    transformer_vaswani_wmt_en_fr_big(args)
+
+
+@register_model_architecture("floater_transformer", "floater_transformer_tiny")
+def floater_transformer_tiny(args):
+    floater_defaults(args)
+    tiny_architecture(args)
