@@ -1,0 +1,429 @@
+"""FLOATER (fairseq_plugins/modules/floater.py, models/floater_transformer.py): the grid solve, the warm-start
+identity with fairseq's Transformer, caching and its gradients, incremental decoding, any length, flags."""
+import argparse
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import options, utils
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.sequence_generator import SequenceGenerator
+from torchdiffeq import odeint
+
+utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+from fairseq_plugins.modules import floater  # noqa: E402
+from fairseq_plugins.modules.floater import (  # noqa: E402
+    FloaterDynamics,
+    FloaterFlow,
+    FloaterSolverError,
+    solve_on_grid,
+)
+
+VOCAB = 24
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread avoids spinning threads fighting over a busy machine's cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Task:
+    def __init__(self):
+        d = Dictionary()
+        for i in range(VOCAB - len(d)):
+            d.add_symbol(f"w{i}")
+        self.source_dictionary = self.target_dictionary = d
+
+
+TASK = Task()
+PAD = TASK.source_dictionary.pad()
+
+
+def build(arch, seed=0, **kw):
+    torch.manual_seed(seed)
+    args = argparse.Namespace(arch=arch, dropout=0.0, **kw)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK)
+
+
+def flows(model):
+    return [m for m in model.modules() if isinstance(m, FloaterFlow)]
+
+
+def randomize_flows(model, scale=0.3, seed=1):
+    """A non-trivial h: W2 drawn small so the biases move but stay moderate over a few hundred positions."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for flow in flows(model):
+            w = flow.dynamics.fc2.weight
+            w.copy_(torch.randn(w.shape, generator=g) * scale / w.shape[1] ** 0.5)
+            flow.dynamics.fc2.bias.copy_(torch.randn(w.shape[0], generator=g) * 0.1)
+    return model
+
+
+def floater_model(seed=0, **kw):
+    return randomize_flows(build("floater_transformer_tiny", seed=seed, **kw)).double()
+
+
+def batch(bsz=3, src_len=7, tgt_len=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (bsz, src_len), generator=g)
+    src[0, :3] = PAD  # left padding, as fairseq batches sources
+    prev = torch.randint(4, VOCAB, (bsz, tgt_len), generator=g)
+    prev[:, 0] = TASK.source_dictionary.eos()
+    prev[1, -2:] = PAD  # right padding, as fairseq batches targets
+    return src, src.ne(PAD).sum(1), prev
+
+
+def count_solves(monkeypatch):
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return odeint(*args, **kwargs)
+
+    monkeypatch.setattr(floater, "odeint", counting)
+    return calls
+
+
+# -- the flow ------------------------------------------------------------------------------------------
+
+def test_flow_parameter_count_matches_paper():
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert n(FloaterDynamics(512)) == 526_336  # the paper's "526.3K" (Table 6)
+    for d, h in ((64, 64), (512, 128), (1024, 1024)):
+        assert n(FloaterDynamics(d, h)) == (d + 1) * h + h + (h + 1) * d + d
+
+
+@pytest.mark.parametrize("method", ["rk4", "dopri5"])
+def test_grid_solve_equals_independent_solves(method):
+    torch.manual_seed(0)
+    f = FloaterDynamics(6).double()
+    torch.nn.init.xavier_normal_(f.fc2.weight)
+    y0 = torch.randn(4, 6, dtype=torch.float64)
+    dt, n = 0.1, 12
+    tol = dict(rtol=1e-9, atol=1e-11)
+    grid = solve_on_grid(f, y0, n, dt, method, **tol)
+    assert grid.shape == (n, 4, 6)
+    torch.testing.assert_close(grid[0], y0, rtol=0, atol=0)
+    for i in range(1, n):
+        t = torch.tensor([0.0, i * dt], dtype=torch.float64)
+        if method == "rk4":  # torchdiffeq's own step-size grid, Δ/5
+            alone = odeint(f, y0, t, method="rk4", options=dict(step_size=dt / 5))[-1]
+        else:
+            alone = odeint(f, y0, t, method="dopri5", **tol)[-1]
+        torch.testing.assert_close(grid[i], alone, rtol=0, atol=1e-5)
+
+
+def test_grid_solve_continues_exactly_from_a_later_point():
+    torch.manual_seed(0)
+    f = FloaterDynamics(5).double()
+    torch.nn.init.xavier_normal_(f.fc2.weight)
+    y0 = torch.randn(3, 5, dtype=torch.float64)
+    full = solve_on_grid(f, y0, 30, 0.1)
+    tail = solve_on_grid(f, full[11], 19, 0.1, first_index=11)
+    torch.testing.assert_close(tail, full[11:], rtol=0, atol=1e-12)
+
+
+def test_one_solve_per_flow_per_forward_with_every_block_in_one_state(monkeypatch):
+    model = floater_model()
+    calls = count_solves(monkeypatch)
+    model.train()
+    model(*batch())
+    assert len(calls) == 3  # encoder flow, decoder flow, decoder cross flow
+    enc, dec = model.encoder, model.decoder
+    assert [type(f) for f in (enc.floater_flow, dec.floater_flow, dec.floater_cross_flow)] == [FloaterFlow] * 3
+    # the state stacks every block's initial values: 2 blocks × (q, k, v) | (q, k, v, cross q) | (cross k, v)
+    assert len(enc.floater_projections) == 6
+    assert len(dec.floater_projections) == 8 and len(dec.floater_cross_projections) == 4
+
+
+def test_theta_shared_across_blocks_and_initial_values_per_block():
+    model = floater_model()
+    for coder in (model.encoder, model.decoder):
+        # θ lives once, in the flow, never in a block
+        layer_params = {id(p) for layer in coder.layers for p in layer.parameters()}
+        for flow in flows(coder):
+            assert not {id(p) for p in flow.parameters()} & layer_params
+    enc = model.encoder
+    for n, layer in enumerate(enc.layers):
+        for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            assert enc.floater_projections[3 * n + j].bias is getattr(layer.self_attn, name).bias
+    b0 = [p.bias for p in enc.floater_projections]
+    assert len({id(b) for b in b0}) == len(b0) and all(isinstance(b, torch.nn.Parameter) for b in b0)
+    # one backward reaches θ and every block's own b(0)
+    model.train()
+    out = model(*batch())[0]
+    out.pow(2).mean().backward()
+    assert enc.floater_flow.dynamics.fc2.weight.grad.abs().sum() > 0
+    assert all(b.grad is not None and b.grad.abs().sum() > 0 for b in b0)
+
+
+def test_parameters_added_per_arch():
+    def added(arch):
+        fl = sum(p.numel() for p in build("floater_" + arch).parameters())
+        return fl - sum(p.numel() for p in build(arch).parameters())
+
+    flow = lambda d: 2 * ((d + 1) * d + d)  # noqa: E731
+    assert added("transformer_tiny") == 3 * flow(64)
+    assert added("transformer_wmt_en_de") == 3 * flow(512) == 3 * 526_336  # encoder + 2 decoder flows
+
+
+def test_input_variant_drives_only_the_first_block():
+    model = floater_model(floater_layers="input")
+    assert len(model.encoder.floater_projections) == 3
+    assert len(model.decoder.floater_projections) == 4 and len(model.decoder.floater_cross_projections) == 2
+    first = model.encoder.layers[0].self_attn
+    assert {id(p) for p in model.encoder.floater_projections} == {id(first.q_proj), id(first.k_proj),
+                                                                  id(first.v_proj)}
+
+
+# -- warm start identity -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layers", ["all", "input"])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_zero_flow_equals_fairseq_transformer(mode, layers):
+    fl = build("floater_transformer_tiny", floater_layers=layers)
+    tr = build("transformer_tiny", seed=1)
+    with torch.no_grad():  # non-trivial biases b(0) (and layer norms)
+        for p in fl.parameters():
+            if p.dim() == 1:
+                p.normal_(0, 0.2)
+    randomize_flows(fl)
+    for flow in flows(fl):
+        flow.dynamics.zero_output_()
+    missing, unexpected = tr.load_state_dict(fl.state_dict(), strict=False)
+    assert not missing and all("floater" in k for k in unexpected)
+    fl, tr = fl.double(), tr.double()
+    getattr(fl, mode)()
+    getattr(tr, mode)()
+    src, lengths, prev = batch()
+    torch.testing.assert_close(fl(src, lengths, prev)[0], tr(src, lengths, prev)[0], rtol=0, atol=1e-5)
+
+
+# -- positions -----------------------------------------------------------------------------------------
+
+def test_padding_does_not_move_positions():
+    """A sentence's output does not depend on how much padding its batch adds (left source, right target)."""
+    model = floater_model().eval()
+    src, lengths, prev = batch()
+    out = model(src, lengths, prev)[0]
+    alone_src = src[0:1, 3:]  # sentence 0 without its left padding
+    alone = model(alone_src, alone_src.ne(PAD).sum(1), prev[0:1])[0]
+    torch.testing.assert_close(out[0:1], alone, rtol=0, atol=1e-6)
+    alone = model(src[1:2], lengths[1:2], prev[1:2, :-2])[0]  # sentence 1 without its right padding
+    torch.testing.assert_close(out[1:2, :-2], alone, rtol=0, atol=1e-6)
+
+
+def test_positions_matter():
+    model = floater_model().eval()
+    src, lengths, prev = batch()
+    enc = model.encoder(src, lengths)["encoder_out"][0]
+    for flow in flows(model):
+        flow.dynamics.zero_output_()
+        flow.invalidate_cache()
+    assert (model.encoder(src, lengths)["encoder_out"][0] - enc).abs().max() > 1e-3
+
+
+def test_incremental_decoding_equals_full_forward():
+    model = floater_model().eval()
+    src, lengths, prev = batch()
+    prev[1, -2:] = 5  # no padding inside the prefixes fed step by step
+    enc = model.encoder(src, lengths)
+    full = model.decoder(prev, enc)[0]
+    state = {}
+    steps = [model.decoder(prev[:, : t + 1], enc, incremental_state=state)[0] for t in range(prev.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-6)
+
+
+def test_beam_search_scores_equal_teacher_forced_scores():
+    """Beam 4 with left-padded sources: each hypothesis' step scores (incremental decoding, cross-attention
+    keys projected once per sentence) equal a full forward over the finished hypothesis."""
+    model = floater_model().eval()
+    src, lengths, _ = batch(bsz=2)
+    gen = SequenceGenerator([model], TASK.target_dictionary, beam_size=4, max_len_b=12, normalize_scores=False)
+    hypos = gen.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    eos = TASK.target_dictionary.eos()
+    for i, sentence in enumerate(hypos):
+        for hypo in sentence:
+            tokens = hypo["tokens"]
+            prev = torch.cat([tokens.new_tensor([eos]), tokens[:-1]]).unsqueeze(0)
+            logits = model(src[i: i + 1, src[i].ne(PAD)], lengths[i: i + 1], prev)[0]
+            lprobs = model.get_normalized_probs((logits, None), log_probs=True)[0]
+            expected = lprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+            torch.testing.assert_close(hypo["positional_scores"], expected, rtol=0, atol=1e-4)
+
+
+def test_long_inputs_extend_the_cache_and_match_a_fresh_solve(monkeypatch):
+    model = floater_model().eval()
+    src, lengths, prev = batch(src_len=8)
+    model(src, lengths, prev)  # cache holds 64 rows
+    cached = model.encoder.floater_flow._cache.delta.size(0)
+    long_src, long_prev = torch.randint(4, VOCAB, (2, 4 * cached)), torch.randint(4, VOCAB, (2, 4 * cached))
+    calls = count_solves(monkeypatch)
+    out = model(long_src, long_src.ne(PAD).sum(1), long_prev)[0]
+    assert len(calls) == 3  # one extension per flow
+    fresh = copy.deepcopy(model)
+    for flow in flows(fresh):
+        flow.invalidate_cache()
+    torch.testing.assert_close(out, fresh(long_src, long_src.ne(PAD).sum(1), long_prev)[0], rtol=0, atol=1e-8)
+    flow = model.encoder.floater_flow
+    assert flow._cache.delta.size(0) >= 4 * cached
+
+
+# -- caching and gradients -----------------------------------------------------------------------------
+
+def test_eval_cache_no_solve_until_parameters_change(monkeypatch):
+    model = floater_model().eval()
+    src, lengths, prev = batch()
+    calls = count_solves(monkeypatch)
+    first = model(src, lengths, prev)[0]
+    assert len(calls) == 3
+    torch.testing.assert_close(model(src, lengths, prev)[0], first, rtol=0, atol=0)
+    assert len(calls) == 3  # second forward: no ODE work
+    # a parameter update (in place, as optimizers do) invalidates the cache
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.train()
+    model(src, lengths, prev)[0].pow(2).mean().backward()
+    opt.step()
+    model.eval()
+    calls.clear()
+    model(src, lengths, prev)
+    assert len(calls) == 3
+    # so do fairseq's set_num_updates (its Adam edits weights through .data, which keeps _version) ...
+    def edit_through_data_then_set_num_updates():
+        model.encoder.floater_flow.dynamics.fc2.bias.data.add_(0.01)
+        model.set_num_updates(7)
+
+    # ... and load_state_dict
+    for change in (edit_through_data_then_set_num_updates, lambda: model.load_state_dict(model.state_dict())):
+        calls.clear()
+        model(src, lengths, prev)
+        assert len(calls) == 0
+        change()
+        model(src, lengths, prev)
+        assert len(calls) == 3
+
+
+def train_updates(model, n_updates, seed=0):
+    """fairseq's loop in miniature: forward, backward, step, set_num_updates. Yields per-update facts."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model.train()
+    enc_flow = model.encoder.floater_flow
+    theta = list(enc_flow.dynamics.parameters())
+    b0 = model.encoder.floater_projections[0].bias
+    for k in range(n_updates):
+        opt.zero_grad(set_to_none=True)
+        solves_before = enc_flow.num_solves
+        model(*batch(seed=seed + k))[0].pow(2).mean().backward()
+        theta_grad = sum(float(p.grad.abs().sum()) if p.grad is not None else 0.0 for p in theta)
+        yield dict(update=k, theta_grad=theta_grad, b0_grad=float(b0.grad.abs().sum()),
+                   solved=enc_flow.num_solves > solves_before)
+        opt.step()
+        model.set_num_updates(k + 1)
+
+
+def test_update_every_1_gives_theta_gradient_every_update():
+    for fact in train_updates(floater_model(floater_update_every=1), 4):
+        assert fact["solved"] and fact["theta_grad"] > 0 and fact["b0_grad"] > 0
+
+
+def test_update_every_n_resolves_every_n_updates_and_b0_always_learns():
+    model = floater_model(floater_update_every=3)
+    facts = list(train_updates(model, 7))
+    assert [f["solved"] for f in facts] == [k % 3 == 0 for k in range(7)]
+    for f in facts:
+        assert (f["theta_grad"] > 0) == (f["update"] % 3 == 0)
+        assert f["b0_grad"] > 0  # b(0) + cached Δb: b(0) keeps its gradient
+    # the counter is module state: it survives a state_dict round trip (checkpoint resume)
+    assert int(model.encoder.floater_flow.num_updates) == 7
+    resumed = floater_model(floater_update_every=3, seed=5)
+    resumed.load_state_dict(model.state_dict())
+    assert all(f._num_updates == 7 and int(f.num_updates) == 7 for f in flows(resumed))
+    # first forward after loading solves (no cache), then the schedule goes on: update 7 reuses, 9 re-solves
+    facts = list(train_updates(resumed, 1))
+    assert facts[0]["solved"]
+
+
+def test_cached_training_update_uses_cached_values():
+    model = floater_model(floater_update_every=4)
+    gen = train_updates(model, 2)
+    next(gen)
+    cached = model.encoder.floater_flow._cache.delta.clone()
+    next(gen)  # update 1: reuse
+    torch.testing.assert_close(model.encoder.floater_flow._cache.delta[: cached.size(0)], cached, rtol=0, atol=0)
+
+
+# -- errors and flags ----------------------------------------------------------------------------------
+
+def test_non_finite_solution_raises_one_clear_error():
+    model = floater_model().eval()
+    with torch.no_grad():
+        model.encoder.floater_flow.dynamics.fc2.bias.fill_(float("nan"))
+    with pytest.raises(FloaterSolverError, match=r"non-finite.*--floater-method rk4 --floater-dt 0.1"):
+        model(*batch())
+
+
+def parse(argv, capsys):
+    parser = options.get_training_parser()
+    with pytest.raises(SystemExit) as exit_info:
+        options.parse_args_and_arch(parser, input_args=["data-bin", "--user-dir", "fairseq_plugins", *argv])
+    return exit_info.value.code, capsys.readouterr()
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--floater-dt", "-1", "argument --floater-dt: must be > 0, got -1"),
+    ("--floater-dt", "x", "argument --floater-dt: expected a float, got 'x'"),
+    ("--floater-method", "leapfrog", "argument --floater-method: invalid choice: 'leapfrog'"),
+    ("--floater-update-every", "0", "argument --floater-update-every: must be > 0, got 0"),
+    ("--floater-hidden", "0", "argument --floater-hidden: must be > 0, got 0"),
+    ("--floater-layers", "some", "argument --floater-layers: invalid choice: 'some'"),
+])
+def test_bad_flags_give_one_error_line(flag, value, message, capsys):
+    code, out = parse(["--arch", "floater_transformer_tiny", flag, value], capsys)
+    assert code == 2
+    errors = [line for line in out.err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0]
+
+
+def test_flags_have_help_and_defaults():
+    """fairseq prints --help before it adds model flags (even its own --encoder-layers are missing there), so
+    read the help of the parser fairseq-train builds for the arch."""
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser, input_args=["data-bin", "--user-dir", "fairseq_plugins", "--arch", "floater_transformer_tiny"])
+    text = " ".join(parser.format_help().split())
+    for flag in ("--floater-dt D grid spacing", "--floater-method SOLVER torchdiffeq solver",
+                 "--floater-rtol R relative", "--floater-atol A absolute", "--floater-adjoint back-propagate",
+                 "--floater-hidden H hidden width", "--floater-update-every N re-solve",
+                 "--floater-layers {all,input} blocks"):
+        assert flag in text
+    assert (args.floater_dt, args.floater_method, args.floater_update_every, args.floater_layers,
+            args.floater_adjoint, args.floater_hidden) == (0.1, "rk4", 1, "all", False, None)
+    assert (args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.encoder_layers,
+            args.encoder_attention_heads) == (64, 64, 2, 2)  # fairseq's transformer_tiny
+
+
+@pytest.mark.parametrize("setting,message", [
+    (dict(floater_dt=0.0), "--floater-dt must be"),
+    (dict(floater_method="leapfrog"), "--floater-method must be one of"),
+    (dict(floater_update_every=0), "--floater-update-every must be"),
+    (dict(floater_hidden=0), "--floater-hidden must be"),
+    (dict(floater_layers="most"), "--floater-layers must be"),
+    (dict(cross_self_attention=True), "does not support --cross-self-attention"),
+])
+def test_bad_settings_rejected_at_build(setting, message):
+    with pytest.raises(ValueError, match=message):
+        build("floater_transformer_tiny", **setting)
+
+
+def test_adaptive_solver_and_adjoint_train():
+    model = floater_model(floater_method="dopri5", floater_adjoint=True)
+    fact = next(train_updates(model, 1))
+    assert fact["solved"] and fact["theta_grad"] > 0
