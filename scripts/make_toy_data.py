@@ -74,6 +74,21 @@ def sentence(rng, n_clauses):
     return " ".join(src), " ".join(tgt)
 
 
+def word_by_word(src):
+    """Baseline: translate each source word through the lexicon, keeping source order (no reordering,
+    no agreement). A model must beat this by a wide margin to show it learned the word order."""
+    plural_verbs = {plural_verb(v): v for v in VERBS}
+    out = []
+    for w in src.split():
+        if w in NOUNS or (w.endswith("s") and w[:-1] in NOUNS):
+            out.append(NOUNS[w] if w in NOUNS else NOUNS[w[:-1]] + "ri")
+        elif w in VERBS or w in plural_verbs:
+            out.append(VERBS[plural_verbs.get(w, w)] + "a")
+        else:
+            out.append({**DETS, **ADJS, **ADVS, "with": "mit", "and": "ko"}.get(w, w))
+    return " ".join(out)
+
+
 def sample(rng, n, min_len, max_len, max_clauses, seen):
     """n distinct sentence pairs whose source length is in [min_len, max_len], none in `seen`."""
     out = []

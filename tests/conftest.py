@@ -20,11 +20,11 @@ def env():
     return e
 
 
-def run(cmd, check=True, **kw):
-    """Run a command (list or shell string) from the repo root with the venv on PATH; on failure,
-    fail the test with the tail of its output."""
+def run(cmd, check=True, env_extra=None, **kw):
+    """Run a command (list or shell string) from the repo root with the venv on PATH (plus env_extra);
+    on failure, fail the test with the tail of its output."""
     kw.setdefault("cwd", REPO)
-    proc = subprocess.run(cmd, shell=isinstance(cmd, str), env=env(), text=True,
+    proc = subprocess.run(cmd, shell=isinstance(cmd, str), env={**env(), **(env_extra or {})}, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
     if check and proc.returncode != 0:
         pytest.fail(f"command failed ({proc.returncode}): {cmd}\n{proc.stdout[-3000:]}")
@@ -51,7 +51,7 @@ class ToyModels:
         if key not in self.done:
             save = self.root / "_".join(a.strip("-").replace("-", "") for a in key)
             run(["bash", "scripts/train_toy.sh", save.name, arch, *extra],
-                env={**env(), "DATA": str(self.data / "bin"), "EPOCHS": str(TOY_EPOCHS), "SAVE_DIR": str(save)})
+                env_extra={"DATA": str(self.data / "bin"), "EPOCHS": str(TOY_EPOCHS), "SAVE_DIR": str(save)})
             self.done[key] = save / "checkpoint_best.pt"
         return self.done[key]
 
