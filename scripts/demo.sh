@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make demo: the toy task end to end on CPU -- data, tiny models trained with one budget, BLEU table.
+# make demo: the toy task end to end on CPU -- data, tiny models trained with one budget, BLEU overall and by
+# source length (train <= 20 words; test 3-20, test_long 21-80), a table and a plot.
 # A rerun reuses the data and the finished checkpoints (fairseq resumes from checkpoint_last.pt).
 #   MODELS="transformer_tiny relative_transformer_tiny floater_transformer_tiny"  (archs to train)
 #   EPOCHS=12  (the shared budget)
@@ -7,11 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODELS=${MODELS:-"transformer_tiny relative_transformer_tiny floater_transformer_tiny"}
 OUT=results/demo
+EDGES=1,11,21,31,41,61,81
 mkdir -p "$OUT"
 
 [ -s data/toy/raw/test_long.tgt ] || python scripts/make_toy_data.py --out data/toy/raw
 bash scripts/prepare_bitext.sh data/toy/raw data/toy src tgt 400 test_long
 
+lengths=()
 for arch in $MODELS; do
   exp=toy_${arch%_tiny}
   echo "== $arch: training (log: checkpoints/$exp/train.log)"
@@ -24,18 +27,16 @@ for arch in $MODELS; do
     bash scripts/generate.sh data/toy "checkpoints/$exp/checkpoint_best.pt" "$subset" "$OUT/$exp.$subset.json" \
       | sed 's/^/   /'
   done
+  python scripts/length_eval.py score --name "${arch%_tiny}" --edges "$EDGES" \
+    --src data/toy/raw/test.src data/toy/raw/test_long.src --ref data/toy/raw/test.tgt data/toy/raw/test_long.tgt \
+    --hyp "$OUT/$exp.test.hyp" "$OUT/$exp.test_long.hyp" --out "$OUT/$exp.length.json" > /dev/null
+  lengths+=("$OUT/$exp.length.json")
 done
 
-python - "$OUT" $MODELS <<'PY'
-import json, sys
-out, archs = sys.argv[1], sys.argv[2:]
-rows = ["| model | test BLEU (3-20 words) | test_long BLEU (21-80 words) |", "|---|---|---|"]
-for arch in archs:
-    exp = "toy_" + arch.removesuffix("_tiny")
-    s = [json.load(open(f"{out}/{exp}.{sub}.json"))["bleu"] for sub in ("test", "test_long")]
-    rows.append(f"| {arch} | {s[0]:.1f} | {s[1]:.1f} |")
-table = "\n".join(rows)
-open(f"{out}/table.md.tmp", "w").write(table + "\n")
-import os; os.replace(f"{out}/table.md.tmp", f"{out}/table.md")
-print("\n" + table + f"\n\nresults: {out}/*.json, table: {out}/table.md")
-PY
+echo
+echo "BLEU on the toy test sets by source length (training sentences have <= 20 words):"
+python scripts/length_eval.py table "${lengths[@]}" --out "$OUT/table.md"
+python scripts/length_eval.py plot "${lengths[@]}" --out "$OUT/length.png" --train-max-len 20 \
+  --title "Toy SVO->SOV task: BLEU by source length" > /dev/null
+echo
+echo "results: $OUT/table.md, plot: $OUT/length.png, per-split JSON: $OUT/*.json"

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""BLEU by source-length bucket (FLOATER, Fig. 2), and a plot of BLEU vs length with one line per model.
+
+  # score: one model's detokenized hypotheses; several (src, ref, hyp) triples are concatenated in order
+  scripts/length_eval.py score --name transformer --src test.src test_long.src --ref test.tgt test_long.tgt \
+      --hyp t.test.hyp t.test_long.hyp --edges 1,11,21,31,41,61,81 --out results/toy_transformer.length.json
+  # plot: several .length.json files, one line each; table: the same as markdown
+  scripts/length_eval.py plot results/toy_*.length.json --out results/toy_length.png
+  scripts/length_eval.py table results/toy_*.length.json --out results/toy_length.md
+
+Length = whitespace words of the raw source sentence. Bucket i holds lengths in [edges[i], edges[i+1]); the
+last edge may be "inf". Every sentence must fall into a bucket (no sentence is silently left out); each
+bucket's score is sacrebleu's corpus BLEU on exactly that subset.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import sacrebleu
+
+
+def read_lines(paths, what):
+    lines = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            lines += [line.rstrip("\n") for line in f]
+    if not lines:
+        sys.exit(f"length_eval.py: --{what} files {paths} are empty")
+    return lines
+
+
+def parse_edges(text):
+    try:
+        edges = [math.inf if e.strip() == "inf" else int(e) for e in text.split(",")]
+    except ValueError:
+        sys.exit(f"length_eval.py: --edges must be comma-separated integers (last may be inf), got {text!r}")
+    if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:])):
+        sys.exit(f"length_eval.py: --edges must be at least two strictly increasing values, got {text!r}")
+    return edges
+
+
+def bucket_label(lo, hi):
+    return f"{lo}+" if hi == math.inf else f"{lo}-{hi - 1}"
+
+
+def score_buckets(src, ref, hyp, edges):
+    """[{bucket, lo, hi, sentences, bleu}] for each bucket, plus the overall score."""
+    if not len(src) == len(ref) == len(hyp):
+        sys.exit(f"length_eval.py: {len(src)} source, {len(ref)} reference and {len(hyp)} hypothesis lines"
+                 " (must be equal)")
+    lengths = [len(s.split()) for s in src]
+    outside = [n for n in lengths if not edges[0] <= n < edges[-1]]
+    if outside:
+        sys.exit(f"length_eval.py: {len(outside)} sentences have lengths outside --edges "
+                 f"[{edges[0]}, {edges[-1]}) (e.g. {outside[0]} words)")
+    buckets = []
+    for lo, hi in zip(edges, edges[1:]):
+        idx = [i for i, n in enumerate(lengths) if lo <= n < hi]
+        bleu = sacrebleu.corpus_bleu([hyp[i] for i in idx], [[ref[i] for i in idx]]).score if idx else None
+        buckets.append({"bucket": bucket_label(lo, hi), "lo": lo, "hi": None if hi == math.inf else hi,
+                        "sentences": len(idx), "bleu": None if bleu is None else round(bleu, 2)})
+    overall = sacrebleu.corpus_bleu(hyp, [ref])
+    return buckets, round(overall.score, 2)
+
+
+def write_atomic(path, write):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.path.splitext(path)[1]}"
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def cmd_score(args):
+    src, ref, hyp = (read_lines(getattr(args, k), k) for k in ("src", "ref", "hyp"))
+    buckets, overall = score_buckets(src, ref, hyp, parse_edges(args.edges))
+    result = {"name": args.name, "bleu": overall, "sentences": len(src), "buckets": buckets,
+              "length_unit": "source words", "src": args.src, "ref": args.ref, "hyp": args.hyp}
+
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    write_atomic(args.out, write)
+    cells = "  ".join(f"{b['bucket']}: {b['bleu'] if b['bleu'] is not None else '-'} ({b['sentences']})"
+                      for b in buckets)
+    print(f"{args.name}: BLEU {overall}  |  {cells}")
+
+
+def load_results(paths):
+    results = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            results.append(json.load(f))
+    labels = [b["bucket"] for b in results[0]["buckets"]]
+    if any([b["bucket"] for b in r["buckets"]] != labels for r in results):
+        sys.exit("length_eval.py: the inputs use different buckets; score them with the same --edges")
+    return results, labels, [b["sentences"] for b in results[0]["buckets"]]
+
+
+def cmd_table(args):
+    results, labels, counts = load_results(args.inputs)
+    rows = ["| model | all | " + " | ".join(f"{lab} words" for lab in labels) + " |",
+            "|---" * (len(labels) + 2) + "|",
+            f"| sentences | {results[0]['sentences']} | " + " | ".join(str(n) for n in counts) + " |"]
+    for r in results:
+        cells = [f"{b['bleu']:.1f}" if b["bleu"] is not None else "-" for b in r["buckets"]]
+        rows.append(f"| {r['name']} | {r['bleu']:.1f} | " + " | ".join(cells) + " |")
+    table = "\n".join(rows) + "\n"
+    if args.out:
+        def write(tmp):
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(table)
+        write_atomic(args.out, write)
+    print(table, end="")
+
+
+def cmd_plot(args):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results, labels, counts = load_results(args.inputs)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    x = list(range(len(labels)))
+    for r in results:
+        ax.plot(x, [b["bleu"] if b["bleu"] is not None else float("nan") for b in r["buckets"]],
+                marker="o", label=f"{r['name']} (all: {r['bleu']:.1f})")
+    ax.set_xticks(x, [f"{lab}\n(n={n})" for lab, n in zip(labels, counts)])
+    ax.set_xlabel(f"source length ({results[0].get('length_unit', 'words')}), sentences per bucket")
+    ax.set_ylabel("BLEU (sacrebleu)")
+    if args.train_max_len:
+        # the first bucket that starts beyond the training lengths: shade everything from there on
+        first = next((i for i, b in enumerate(results[0]["buckets"]) if b["lo"] > args.train_max_len), None)
+        if first is not None:
+            ax.axvspan(first - 0.5, len(labels) - 0.5, color="0.92", zorder=0)
+            ax.text(first - 0.4, ax.get_ylim()[1] * 0.97, "longer than any training sentence", va="top", fontsize=8)
+    ax.set_title(args.title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left")
+    fig.tight_layout()
+    write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    print(f"plot: {args.out}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("score", help="BLEU per source-length bucket for one model")
+    s.add_argument("--name", required=True, help="model name shown in tables and plots")
+    s.add_argument("--src", nargs="+", required=True, help="raw source file(s)")
+    s.add_argument("--ref", nargs="+", required=True, help="raw reference file(s)")
+    s.add_argument("--hyp", nargs="+", required=True, help="detokenized hypothesis file(s)")
+    s.add_argument("--edges", default="1,11,21,31,41,61,81", help="bucket edges in source words")
+    s.add_argument("--out", required=True, help="output .length.json")
+    s.set_defaults(func=cmd_score)
+    p = sub.add_parser("plot", help="plot BLEU vs length for several .length.json files")
+    p.add_argument("inputs", nargs="+")
+    p.add_argument("--out", required=True, help="output .png")
+    p.add_argument("--title", default="BLEU by source length")
+    p.add_argument("--train-max-len", type=int, help="shade the buckets beyond this training length")
+    p.set_defaults(func=cmd_plot)
+    t = sub.add_parser("table", help="markdown table of several .length.json files")
+    t.add_argument("inputs", nargs="+")
+    t.add_argument("--out", help="also write the table here")
+    t.set_defaults(func=cmd_table)
+    args = ap.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
