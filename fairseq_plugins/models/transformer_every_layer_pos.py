@@ -1,0 +1,172 @@
+"""``transformer_every_layer_pos``: the absolute position encoding added to the input of every block.
+
+The baselines of FLOATER's Table 2, "position signal in all blocks" (Liu et al. 2020): the encoding p_i that
+fairseq adds to the token embedding (block 1's input) is also added to the input of blocks 2..N::
+
+    x^(1)_i = E(w_i)·sqrt(d) + p_i            (fairseq's embedding, unchanged)
+    x^(n)_i = block_{n-1}(x^(n-1))_i + p_i    (n ≥ 2: this model)
+
+p is sinusoidal (default) or, with ``--learned-pos``, fairseq's learned fixed-length table
+(``LearnedPositionalEmbedding``, --max-source-positions / --max-target-positions rows; one table per side,
+shared by the embedding and every block). A sentence longer than the learned table is an error, raised before
+any lookup. Positions follow fairseq's numbering (padding does not shift them); incremental decoding step t
+uses position t.
+
+The "input block only" rows of Table 2 are fairseq's own ``transformer`` (with --encoder-learned-pos
+--decoder-learned-pos for the learned table).
+"""
+
+from contextlib import contextmanager
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+    base_architecture,
+    tiny_architecture,
+    transformer_vaswani_wmt_en_de_big,
+    transformer_vaswani_wmt_en_fr_big,
+    transformer_wmt_en_de,
+)
+from fairseq.modules import LearnedPositionalEmbedding
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+
+@register_model("transformer_every_layer_pos")
+class TransformerEveryLayerPosModel(TransformerModel):
+    """Transformer whose absolute position encoding enters every block, not only the embedding."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument("--learned-pos", action="store_true",
+                            help="learned fixed-length position tables (fairseq's LearnedPositionalEmbedding, "
+                                 "--max-source/target-positions rows; one per side, shared by the embedding and "
+                                 "every block) instead of sinusoids; longer sentences are an error")
+
+    @classmethod
+    def build_model(cls, args, task):
+        every_layer_pos_defaults(args)
+        if args.learned_pos:
+            args.encoder_learned_pos = args.decoder_learned_pos = True
+        if getattr(args, "no_token_positional_embeddings", False):
+            raise ValueError("transformer_every_layer_pos needs position encodings: "
+                             "drop --no-token-positional-embeddings")
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return EveryLayerPosEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return EveryLayerPosDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+
+class _PositionAtInput:
+    """A Transformer block that first adds ``position_signal`` (T, B|1, C) to its input, when one is bound."""
+
+    position_signal = None
+
+    def forward(self, x, *args, **kwargs):
+        if self.position_signal is not None:
+            x = x + self.position_signal
+        return super().forward(x, *args, **kwargs)
+
+
+class EveryLayerPosEncoderLayer(_PositionAtInput, TransformerEncoderLayerBase):
+    pass
+
+
+class EveryLayerPosDecoderLayer(_PositionAtInput, TransformerDecoderLayerBase):
+    pass
+
+
+@contextmanager
+def _bind(layers, signal):
+    for layer in layers:
+        layer.position_signal = signal
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.position_signal = None
+
+
+def _check_table(embed_positions, tokens, padding_idx, side, flag):
+    """A learned table has no row for positions past its length: say so instead of indexing out of range."""
+    if not isinstance(embed_positions, LearnedPositionalEmbedding):
+        return
+    rows = embed_positions.max_positions
+    if tokens.size(1) > rows:
+        longest = int(tokens.ne(padding_idx).sum(dim=1).max())
+        if longest > rows:
+            raise ValueError(f"a {side} sentence of {longest} tokens is longer than the learned position table "
+                             f"({flag} {rows}); use sinusoidal positions or train with a larger {flag}")
+
+
+class EveryLayerPosEncoder(TransformerEncoderBase):
+    def build_encoder_layer(self, cfg):
+        return EveryLayerPosEncoderLayer(cfg, return_fc=self.return_fc)
+
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
+        _check_table(self.embed_positions, src_tokens, self.padding_idx, "source", "--max-source-positions")
+        signal = self.embed_positions(src_tokens).transpose(0, 1)  # (T, B, C), what the embedding got
+        with _bind(list(self.layers)[1:], signal):
+            return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+
+
+class EveryLayerPosDecoder(TransformerDecoderBase):
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return EveryLayerPosDecoderLayer(cfg, no_encoder_attn)
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         full_context_alignment=False, alignment_layer=None, alignment_heads=None):
+        _check_table(self.embed_positions, prev_output_tokens, self.padding_idx, "target",
+                     "--max-target-positions")
+        signal = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        if incremental_state is not None:  # this step's position only
+            signal = signal[:, -1:]
+        with _bind(list(self.layers)[1:], signal.transpose(0, 1)):
+            return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                            full_context_alignment, alignment_layer, alignment_heads)
+
+
+# architectures
+
+
+def every_layer_pos_defaults(args):
+    args.learned_pos = getattr(args, "learned_pos", False)
+
+
+@register_model_architecture("transformer_every_layer_pos", "transformer_every_layer_pos")
+def transformer_every_layer_pos(args):
+    every_layer_pos_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("transformer_every_layer_pos", "transformer_every_layer_pos_wmt_en_de")
+def transformer_every_layer_pos_wmt_en_de(args):
+    every_layer_pos_defaults(args)
+    transformer_wmt_en_de(args)
+
+
+@register_model_architecture("transformer_every_layer_pos", "transformer_every_layer_pos_vaswani_wmt_en_de_big")
+def transformer_every_layer_pos_vaswani_wmt_en_de_big(args):
+    every_layer_pos_defaults(args)
+    transformer_vaswani_wmt_en_de_big(args)
+
+
+@register_model_architecture("transformer_every_layer_pos", "transformer_every_layer_pos_vaswani_wmt_en_fr_big")
+def transformer_every_layer_pos_vaswani_wmt_en_fr_big(args):
+    every_layer_pos_defaults(args)
+    transformer_vaswani_wmt_en_fr_big(args)
+
+
+@register_model_architecture("transformer_every_layer_pos", "transformer_every_layer_pos_tiny")
+def transformer_every_layer_pos_tiny(args):
+    every_layer_pos_defaults(args)
+    tiny_architecture(args)

@@ -1,0 +1,165 @@
+"""transformer_every_layer_pos (models/transformer_every_layer_pos.py): the absolute encoding at every block's
+input, against a computation written out by hand with fairseq's own layers; learned tables; incremental decoding."""
+import argparse
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import options, utils
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.sequence_generator import SequenceGenerator
+
+utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+
+VOCAB = 24
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Task:
+    def __init__(self):
+        d = Dictionary()
+        for i in range(VOCAB - len(d)):
+            d.add_symbol(f"w{i}")
+        self.source_dictionary = self.target_dictionary = d
+
+
+TASK = Task()
+PAD, EOS = TASK.source_dictionary.pad(), TASK.source_dictionary.eos()
+
+
+def build(arch="transformer_every_layer_pos_tiny", seed=0, **kw):
+    torch.manual_seed(seed)
+    args = argparse.Namespace(arch=arch, dropout=0.0, **kw)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK).double().eval()
+
+
+def batch(bsz=3, src_len=7, tgt_len=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (bsz, src_len), generator=g)
+    src[0, :3] = PAD  # left padding
+    prev = torch.randint(4, VOCAB, (bsz, tgt_len), generator=g)
+    prev[:, 0] = EOS
+    prev[1, -2:] = PAD  # right padding
+    return src, src.ne(PAD).sum(1), prev
+
+
+def sinusoid(tokens, dim):
+    """fairseq's sinusoidal encoding by hand: the token at position i (counting non-pads from 0) uses angle
+    (padding_idx + 1 + i)·ω_k, sin on the first half of the channels, cos on the second; zero for pads."""
+    keep = tokens.ne(PAD)
+    pos = (torch.cumsum(keep, dim=1) * keep + PAD).double()  # fairseq's make_positions
+    half = dim // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000) / (half - 1)))
+    angle = pos.unsqueeze(-1) * freq
+    return torch.cat([angle.sin(), angle.cos()], dim=-1) * keep.unsqueeze(-1)  # (B, T, C)
+
+
+def by_hand(model, src, prev):
+    """x^(1) = embedding + p; x^(n) = block_{n-1}(x^(n-1)) + p for n ≥ 2; fairseq's own layer maths."""
+    enc, dec = model.encoder, model.decoder
+    base_layer = lambda layer: super(type(layer), layer).forward  # noqa: E731  (the fairseq block itself)
+    pe = sinusoid(src, enc.embed_tokens.embedding_dim).transpose(0, 1)
+    mask = src.eq(PAD)
+    x = (enc.embed_scale * enc.embed_tokens(src)).transpose(0, 1) + pe
+    x = x * (~mask).t().unsqueeze(-1)
+    for n, layer in enumerate(enc.layers):
+        x = base_layer(layer)(x + pe if n else x, encoder_padding_mask=mask)
+    pe = sinusoid(prev, dec.embed_dim).transpose(0, 1)
+    y = (dec.embed_scale * dec.embed_tokens(prev)).transpose(0, 1) + pe
+    future = torch.triu(torch.full((prev.size(1), prev.size(1)), float("-inf"), dtype=y.dtype), 1)
+    for n, layer in enumerate(dec.layers):
+        y = base_layer(layer)(y + pe if n else y, x, mask, self_attn_mask=future,
+                              self_attn_padding_mask=prev.eq(PAD))[0]
+    return dec.output_layer(y.transpose(0, 1))
+
+
+def test_sinusoidal_variant_equals_computation_by_hand():
+    model = build()
+    src, lengths, prev = batch()
+    torch.testing.assert_close(model(src, lengths, prev)[0], by_hand(model, src, prev), rtol=0, atol=1e-5)
+
+
+def test_differs_from_the_input_only_transformer():
+    model = build()
+    plain = build("transformer_tiny")
+    plain.load_state_dict(model.state_dict())
+    src, lengths, prev = batch()
+    assert (model(src, lengths, prev)[0] - plain(src, lengths, prev)[0]).abs().max() > 1e-3
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in plain.parameters())
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_incremental_decoding_equals_full_forward(learned):
+    model = build(learned_pos=learned)
+    src, lengths, prev = batch()
+    prev[1, -2:] = 5
+    enc = model.encoder(src, lengths)
+    full = model.decoder(prev, enc)[0]
+    state = {}
+    steps = [model.decoder(prev[:, : t + 1], enc, incremental_state=state)[0] for t in range(prev.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-6)
+
+
+def test_beam_search_scores_equal_teacher_forced_scores():
+    model = build(learned_pos=True)
+    src, lengths, _ = batch(bsz=2)
+    gen = SequenceGenerator([model], TASK.target_dictionary, beam_size=4, max_len_b=10, normalize_scores=False)
+    for i, sentence in enumerate(gen.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})):
+        for hypo in sentence:
+            tokens = hypo["tokens"]
+            prev = torch.cat([tokens.new_tensor([EOS]), tokens[:-1]]).unsqueeze(0)
+            lprobs = model.get_normalized_probs((model(src[i: i + 1], lengths[i: i + 1], prev)[0], None),
+                                                log_probs=True)[0]
+            expected = lprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+            torch.testing.assert_close(hypo["positional_scores"], expected, rtol=0, atol=1e-4)
+
+
+def test_learned_variant_uses_one_table_per_side_in_every_block():
+    model = build(learned_pos=True, max_source_positions=8, max_target_positions=8)
+    assert model.encoder.embed_positions.weight.shape == (8 + PAD + 1, 64)
+    src, lengths, prev = batch()
+    out = model(src, lengths, prev)[0]
+    with torch.no_grad():
+        model.encoder.embed_positions.weight[PAD + 2].add_(1.0)  # position 1's row
+    assert (model(src, lengths, prev)[0] - out).abs().max() > 1e-3
+
+
+def test_learned_variant_rejects_sentences_longer_than_its_table():
+    model = build(learned_pos=True, max_source_positions=8, max_target_positions=8)
+    long_src = torch.randint(4, VOCAB, (2, 9))
+    with pytest.raises(ValueError, match=r"source sentence of 9 tokens is longer than the learned position "
+                                         r"table \(--max-source-positions 8\)"):
+        model(long_src, long_src.ne(PAD).sum(1), torch.full((2, 3), EOS))
+    padded = torch.full((2, 10), PAD)
+    padded[:, 2:] = 5  # wider than the table, but only padding: every sentence fits
+    model(padded, padded.ne(PAD).sum(1), torch.full((2, 3), EOS))
+    src, lengths, _ = batch()
+    with pytest.raises(ValueError, match=r"target sentence of 9 tokens .* \(--max-target-positions 8\)"):
+        model(src, lengths, torch.full((3, 9), 5))
+    enc, state = model.encoder(src, lengths), {}
+    for t in range(8):
+        model.decoder(torch.full((3, t + 1), 5), enc, incremental_state=state)
+    with pytest.raises(ValueError, match="--max-target-positions 8"):  # step 9 of incremental decoding
+        model.decoder(torch.full((3, 9), 5), enc, incremental_state=state)
+
+
+def test_archs_match_fairseq_dims_and_flag_has_help():
+    for suffix in ("", "_wmt_en_de", "_vaswani_wmt_en_de_big", "_vaswani_wmt_en_fr_big", "_tiny"):
+        ours, theirs = argparse.Namespace(), argparse.Namespace()
+        ARCH_CONFIG_REGISTRY["transformer_every_layer_pos" + suffix](ours)
+        ARCH_CONFIG_REGISTRY["transformer" + suffix](theirs)
+        assert vars(ours) == {**vars(theirs), "learned_pos": False}
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, input_args=["data-bin", "--user-dir", "fairseq_plugins", "--arch",
+                                                           "transformer_every_layer_pos_tiny", "--learned-pos"])
+    assert args.learned_pos and "--learned-pos learned fixed-length" in " ".join(parser.format_help().split())
