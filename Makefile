@@ -1,5 +1,6 @@
-# make demo  - set up .venv, build the toy task, train the tiny models on CPU, print BLEU
-# make test  - set up .venv, run the test suite
+# make demo                - set up .venv, build the toy task, train the tiny models on CPU, print BLEU
+# DATA=multi30k make demo  - the same three models on Multi30k (MULTI30K_DIR=dir with the files, else download)
+# make test                - set up .venv, run the test suite
 SHELL := /bin/bash
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -10,10 +11,14 @@ setup:
 	@bash scripts/setup_env.sh
 
 demo: setup
+ifeq ($(DATA),multi30k)
+	@bash scripts/run_multi30k.sh
+else
 	@bash scripts/demo.sh
+endif
 
 test: setup
 	@python -m pytest -q tests
 
 clean:
-	rm -rf data/toy checkpoints/toy_* results/toy_*
+	rm -rf data/toy checkpoints/toy_* results/demo

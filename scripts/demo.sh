@@ -20,7 +20,7 @@ for arch in $MODELS; do
   echo "== $arch: training (log: checkpoints/$exp/train.log)"
   mkdir -p "checkpoints/$exp"
   start=$(date +%s)
-  bash scripts/train_toy.sh "$exp" "$arch" > "checkpoints/$exp/train.log" 2>&1 ||
+  DATA=data/toy/bin bash scripts/train_toy.sh "$exp" "$arch" > "checkpoints/$exp/train.log" 2>&1 ||
     { tail -5 "checkpoints/$exp/train.log" >&2; exit 1; }
   echo "   trained in $(( $(date +%s) - start )) s"
   for subset in test test_long; do

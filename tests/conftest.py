@@ -1,4 +1,5 @@
 """Shared fixtures: the toy task prepared once per session, and tiny models trained once per session."""
+import json
 import os
 import subprocess
 import sys
@@ -41,19 +42,30 @@ def toy_data(tmp_path_factory):
 
 
 class ToyModels:
-    """Trains each arch once per session with the demo recipe (scripts/train_toy.sh)."""
+    """Trains each arch once per session with the demo recipe (scripts/train_toy.sh), and evaluates each
+    checkpoint once per split with scripts/generate.sh."""
 
     def __init__(self, data, root):
-        self.data, self.root, self.done = data, root, {}
+        self.data, self.root, self.done, self.evals = data, root, {}, {}
 
-    def checkpoint(self, arch, *extra):
-        key = (arch,) + extra
+    def checkpoint(self, arch, *extra, epochs=TOY_EPOCHS):
+        key = (arch, epochs) + extra
         if key not in self.done:
-            save = self.root / "_".join(a.strip("-").replace("-", "") for a in key)
+            save = self.root / "_".join(str(a).strip("-").replace("-", "") for a in key)
             run(["bash", "scripts/train_toy.sh", save.name, arch, *extra],
-                env_extra={"DATA": str(self.data / "bin"), "EPOCHS": str(TOY_EPOCHS), "SAVE_DIR": str(save)})
+                env_extra={"DATA": str(self.data / "bin"), "EPOCHS": str(epochs), "SAVE_DIR": str(save)})
             self.done[key] = save / "checkpoint_best.pt"
         return self.done[key]
+
+    def evaluate(self, checkpoint, subset="test"):
+        """(result JSON, detokenized hypotheses) of beam-4 generation on a toy split."""
+        key = (checkpoint, subset)
+        if key not in self.evals:
+            out = checkpoint.parent / f"{subset}.json"
+            run(["bash", "scripts/generate.sh", str(self.data), str(checkpoint), subset, str(out)])
+            hyps = out.with_suffix(".hyp").read_text(encoding="utf-8").splitlines()
+            self.evals[key] = (json.loads(out.read_text()), hyps)
+        return self.evals[key]
 
 
 @pytest.fixture(scope="session")

@@ -77,11 +77,8 @@ def test_hydra_config_trains(toy_data, tmp_path):
     assert "num. shared model params: 196,096" in out
 
 
-def test_tiny_transformer_learns_toy_task(toy_data, toy_models, tmp_path):
-    ckpt = toy_models.checkpoint("transformer_tiny")
-    out = tmp_path / "test.json"
-    run(["bash", "scripts/generate.sh", str(toy_data), str(ckpt), "test", str(out)])
-    bleu = json.loads(out.read_text())["bleu"]
+def test_tiny_transformer_learns_toy_task(toy_data, toy_models):
+    bleu = toy_models.evaluate(toy_models.checkpoint("transformer_tiny"))[0]["bleu"]
 
     src = (toy_data / "raw" / "test.src").read_text().splitlines()
     ref = (toy_data / "raw" / "test.tgt").read_text().splitlines()
