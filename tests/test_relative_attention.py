@@ -10,7 +10,12 @@ from fairseq import utils
 from fairseq.modules import MultiheadAttention
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
-from fairseq_plugins.modules.relative_attention import RelativeMultiheadAttention  # noqa: E402
+from fairseq_plugins.modules.relative_attention import (  # noqa: E402
+    RelativeMultiheadAttention,
+    gather_by_offset,
+    relative_index,
+    sum_by_offset,
+)
 
 EMBED, HEADS, K = 8, 2, 4
 
@@ -65,6 +70,24 @@ def inputs(T, B=2, seed=1):
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[-1, : T // 3] = True  # left padding, as fairseq's source side
     return x, pad
+
+
+@pytest.mark.parametrize("k,tgt_len,src_len", [(2, 6, 6), (3, 1, 5), (4, 2, 9), (0, 3, 3), (5, 4, 4)])
+def test_offset_maps_are_the_explicit_buckets_and_adjoint(k, tgt_len, src_len):
+    index = relative_index(k, tgt_len, src_len, torch.device("cpu"))
+    x = torch.randn(2, tgt_len, 2 * k + 1, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(2, tgt_len, src_len, dtype=torch.float64, requires_grad=True)
+    buckets = torch.zeros(2, tgt_len, 2 * k + 1, dtype=torch.float64)
+    for i in range(tgt_len):
+        a = src_len - tgt_len + i  # absolute position of query i
+        for j in range(src_len):
+            m = max(-k, min(k, j - a)) + k
+            assert index.bucket[i, j] == m
+            buckets[:, i, m] += y[:, i, j].detach()
+    torch.testing.assert_close(sum_by_offset(y, index), buckets, rtol=0, atol=1e-12)
+    torch.testing.assert_close((gather_by_offset(x, index) * y).sum(), (x * sum_by_offset(y, index)).sum())
+    assert torch.autograd.gradcheck(lambda t: gather_by_offset(t, index), (x,))
+    assert torch.autograd.gradcheck(lambda t: sum_by_offset(t, index), (y,))
 
 
 @pytest.mark.parametrize("T", [3, 9])  # shorter and longer than k
@@ -191,3 +214,12 @@ def test_need_head_weights_and_before_softmax_keep_fairseqs_shapes():
     torch.testing.assert_close(w.sum(-1), torch.ones(HEADS, 2, 5, dtype=torch.float64))
     scores, v = m(x, x, x, before_softmax=True)
     assert scores.shape == (2 * HEADS, 5, 5) and v.shape == (2 * HEADS, 5, EMBED // HEADS)
+
+
+def test_bfloat16_stays_close_to_float32():
+    m = make_attention().float()
+    x, pad = (t.float() if t.is_floating_point() else t for t in inputs(9))
+    out = m(x, x, x, key_padding_mask=pad)[0]
+    out_bf16 = m.bfloat16()(x.bfloat16(), x.bfloat16(), x.bfloat16(), key_padding_mask=pad)[0]
+    assert out_bf16.dtype == torch.bfloat16
+    torch.testing.assert_close(out_bf16.float(), out, rtol=0, atol=5e-2)

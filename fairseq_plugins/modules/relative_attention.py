@@ -15,54 +15,97 @@ exactly as the equations say and carries no position information.
 How the code computes it without ever building a (T, S, d_z) tensor (the paper's §3.3 split). Write
 b(i, j) = clip(j − i, k) + k ∈ {0, …, 2k} for the table row of pair (i, j), and q_i = x_i W^Q / sqrt(d_z):
 
-    key term    q_i·a^K_ij  = R[i, b(i, j)]   with R = q (w^K)^T          (T, 2k+1): one matmul, then a gather
-    value term  Σ_j α_ij a^V_ij = Σ_m A_im w^V_m,  A_im = Σ_{j: b(i,j)=m} α_ij     (α summed into 2k+1 buckets)
+    e_ij = q_i·(x_j W^K) + P[i, b(i, j)],     P = q (w^K)^T               (T, 2k+1)   gather_by_offset(P)
+    z_i  = Σ_j α_ij (x_j W^V) + Σ_m A_im w^V_m,  A_im = Σ_{j: b(i,j)=m} α_ij   (T, 2k+1)   sum_by_offset(α)
 
-The buckets come from the cumulative sum C_i(p) = Σ_{j≤p} α_ij: since b(i, j) ≤ m ⟺ j ≤ i − k + m for m < 2k,
-Σ_{b ≤ m} α = G_im with G_im = C_i(i − k + m) for m < 2k and G_i,2k = C_i(S−1) (every key). Summing by parts,
-
-    Σ_m A_im w^V_m = Σ_m (G_im − G_i,m−1) w^V_m = Σ_m G_im Δw_m,   Δw_m = w^V_m − w^V_m+1,  Δw_2k = w^V_2k,
-
-so the value term is one cumulative sum over the keys, a gather of 2k+1 columns and a (T, 2k+1) × (2k+1, d_z) matmul.
+sum_by_offset (α summed into 2k+1 buckets) and gather_by_offset are adjoint linear maps, so each one's backward is
+the other. Neither needs a scatter: with the cumulative sum C_i(p) = Σ_{j≤p} α_ij, the buckets are
+A_i0 = C_i(i−k) (every j ≤ i−k), A_im = C_i(i−k+m) − C_i(i−k+m−1) = α_i,i−k+m for 0 < m < 2k (the diagonals), and
+A_i,2k = C_i(S−1) − C_i(i+k−1) (every j ≥ i+k), i.e. the differences of 2k+1 gathered columns of C.
 Memory stays O(B·H·T·S + B·H·T·(2k+1)). Query i of a call sits at absolute position i + (S − T): S − T is the number
 of steps already cached during incremental decoding, and 0 otherwise, so step-by-step decoding scores exactly what a
 full causal forward scores.
 """
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
-# Index tables shared by every layer, grown on demand: (k, device) -> (bucket, cum_column, before_start).
-_INDEX_TABLES: Dict[Tuple[int, torch.device], Tuple[Tensor, Tensor, Tensor]] = {}
+
+class RelativeIndex(NamedTuple):
+    """Where `tgt_len` queries at positions a_i = src_len − tgt_len + i meet `src_len` keys."""
+
+    bucket: Tensor  # (T, S) long: b(i, j) = clip(j − a_i, k) + k, the table row of each pair
+    cum_column: Tensor  # (T, 2k+1) long: p_im = a_i − k + m for m < 2k and S − 1 for m = 2k, clamped to [0, S−1]
+    before_start: Tensor  # (T, 2k+1) bool: p_im < 0, where C_i(p_im) is an empty sum
 
 
-def relative_index_tables(k: int, tgt_len: int, src_len: int, device: torch.device) -> Tuple[Tensor, Tensor, Tensor]:
-    """Index tensors for `tgt_len` queries at positions src_len − tgt_len … src_len − 1 over `src_len` keys.
+# Index tables shared by every layer, grown on demand: (k, device) -> RelativeIndex over positions 0 … size−1.
+_INDEX_TABLES: Dict[Tuple[int, torch.device], RelativeIndex] = {}
 
-    Returns
-        bucket        (T, S) long: b(i, j) = clip(j − i, k) + k, the table row of each pair;
-        cum_column    (T, 2k+1) long: the key p whose cumulative sum C(p) is G_im (clamped to 0 … S−1);
-        before_start  (T, 2k+1) bool: where i − k + m < 0, i.e. G_im is an empty sum (0).
-    """
-    key = (k, device)
-    tables = _INDEX_TABLES.get(key)
-    if tables is None or tables[0].size(0) < src_len:
+
+def relative_index(k: int, tgt_len: int, src_len: int, device: torch.device) -> RelativeIndex:
+    tables = _INDEX_TABLES.get((k, device))
+    if tables is None or tables.bucket.size(0) < src_len:
         size = max(64, 1 << (src_len - 1).bit_length())
-        with torch.inference_mode(False):  # usable later under autograd even if first built during inference
+        with torch.inference_mode(False):  # usable under autograd even if first built during inference
             pos = torch.arange(size, device=device)
-            bucket = (pos[None, :] - pos[:, None]).clamp(-k, k) + k
             column = pos[:, None] - k + torch.arange(2 * k + 1, device=device)
-            column[:, 2 * k] = size  # G_i,2k = C(S−1): clamped to the last key below
-            tables = (bucket, column.clamp(min=0), column < 0)
-        _INDEX_TABLES[key] = tables
-    bucket, column, before_start = tables
+            column[:, 2 * k] = size  # the last bucket ends at the last key: clamped to S − 1 below
+            tables = RelativeIndex((pos[None, :] - pos[:, None]).clamp(-k, k) + k, column.clamp(min=0), column < 0)
+        _INDEX_TABLES[(k, device)] = tables
     rows = slice(src_len - tgt_len, src_len)
-    return bucket[rows, :src_len], column[rows].clamp(max=src_len - 1), before_start[rows]
+    return RelativeIndex(
+        tables.bucket[rows, :src_len], tables.cum_column[rows].clamp(max=src_len - 1), tables.before_start[rows]
+    )
+
+
+def _gather_by_offset(x: Tensor, index: RelativeIndex) -> Tensor:
+    """y_ij = x_i,b(i,j): (…, T, 2k+1) -> (…, T, S)."""
+    return x.gather(-1, index.bucket.expand(x.shape[:-1] + index.bucket.shape[-1:]))
+
+
+def _sum_by_offset(y: Tensor, index: RelativeIndex) -> Tensor:
+    """x_im = Σ_{j: b(i,j)=m} y_ij: (…, T, S) -> (…, T, 2k+1), from cumulative sums (see the module docstring)."""
+    accumulate = torch.promote_types(y.dtype, torch.float32)  # half-precision cumsums would lose the buckets
+    cumulative = y.cumsum(-1, dtype=accumulate)  # C_i(p)
+    g = cumulative.gather(-1, index.cum_column.expand(y.shape[:-1] + index.cum_column.shape[-1:]))
+    g = g.masked_fill(index.before_start, 0.0)  # G_im = Σ_{j: b(i,j) ≤ m} y_ij
+    return torch.diff(g, dim=-1, prepend=g.new_zeros(g.shape[:-1] + (1,))).to(y.dtype)
+
+
+class GatherByOffset(torch.autograd.Function):
+    """x (…, T, 2k+1) -> y (…, T, S) with y_ij = x_i,b(i,j); backward: sum_by_offset."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, index: RelativeIndex) -> Tensor:
+        ctx.index = index
+        return _gather_by_offset(x, index)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return SumByOffset.apply(grad, ctx.index), None
+
+
+class SumByOffset(torch.autograd.Function):
+    """y (…, T, S) -> x (…, T, 2k+1) with x_im = Σ_{j: b(i,j)=m} y_ij; backward: gather_by_offset."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor, index: RelativeIndex) -> Tensor:
+        ctx.index = index
+        return _sum_by_offset(y, index)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return GatherByOffset.apply(grad, ctx.index), None
+
+
+gather_by_offset = GatherByOffset.apply
+sum_by_offset = SumByOffset.apply
 
 
 class RelativeMultiheadAttention(MultiheadAttention):
@@ -122,11 +165,9 @@ class RelativeMultiheadAttention(MultiheadAttention):
         """(T, B, H·d_z) -> (B·H, T, d_z), fairseq's head layout."""
         return x.contiguous().view(x.size(0), -1, self.head_dim).transpose(0, 1)
 
-    def _times_table(self, x: Tensor, table: Tensor) -> Tensor:
-        """(B·H, T, n) @ table (H, n, m) per head, or (n, m) shared: -> (B·H, T, m)."""
-        if table.dim() == 2:
-            return x.matmul(table)
-        return x.view(-1, self.num_heads, x.size(1), x.size(2)).matmul(table).flatten(0, 1)
+    def _per_head(self, table: Tensor) -> Tensor:
+        """A relative table as (H, 2k+1, d_z): per-head tables as they are, a shared one broadcast to every head."""
+        return table if table.dim() == 3 else table.expand(self.num_heads, -1, -1)
 
     def forward(
         self,
@@ -154,15 +195,14 @@ class RelativeMultiheadAttention(MultiheadAttention):
         if incremental_state is not None:
             k, v, key_padding_mask = self._extend_cache(incremental_state, k, v, key_padding_mask, bsz)
         src_len = k.size(1)
-        bucket, cum_column, before_start = relative_index_tables(
-            self.max_relative_positions, tgt_len, src_len, query.device
-        )
+        index = relative_index(self.max_relative_positions, tgt_len, src_len, query.device)
 
         # e_ij = q_i·(x_j W^K) + q_i·w^K_b(i,j)
         if self.relative_keys is not None:
-            key_term = self._times_table(q, self.relative_keys.transpose(-1, -2))  # R = q (w^K)^T: (B·H, T, 2k+1)
-            key_term = key_term.gather(2, bucket.expand(q.size(0), -1, -1))  # R[i, b(i, j)]: (B·H, T, S)
-            scores = torch.baddbmm(key_term, q, k.transpose(1, 2))
+            q4 = q.view(bsz, self.num_heads, tgt_len, self.head_dim)
+            p = torch.einsum("bhtd,hrd->bhtr", q4, self._per_head(self.relative_keys))  # P = q (w^K)^T
+            key_term = gather_by_offset(p, index)  # P[i, b(i, j)]: (B, H, T, S)
+            scores = torch.baddbmm(key_term.view(-1, tgt_len, src_len), q, k.transpose(1, 2))
         else:
             scores = torch.bmm(q, k.transpose(1, 2))
         if attn_mask is not None:
@@ -183,11 +223,12 @@ class RelativeMultiheadAttention(MultiheadAttention):
         weights_float = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
         probs = self.dropout_module(weights_float.type_as(scores))
 
-        # z_i = Σ_j α_ij (x_j W^V) + Σ_m G_im Δw_m
-        attn = torch.bmm(probs, v)
+        # z_i = Σ_j α_ij (x_j W^V) + Σ_m A_im w^V_m
+        attn = torch.bmm(probs, v).view(bsz, self.num_heads, tgt_len, self.head_dim)
         if self.relative_values is not None:
-            attn = attn + self._value_term(probs, cum_column, before_start)
-        attn = self.out_proj(attn.transpose(0, 1).reshape(tgt_len, bsz, embed_dim))
+            buckets = sum_by_offset(probs.view(bsz, self.num_heads, tgt_len, src_len), index)  # A: (B, H, T, 2k+1)
+            attn = attn + torch.einsum("bhtr,hrd->bhtd", buckets, self._per_head(self.relative_values))
+        attn = self.out_proj(attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim))
 
         attn_weights: Optional[Tensor] = None
         if need_weights:
@@ -195,15 +236,6 @@ class RelativeMultiheadAttention(MultiheadAttention):
             if not need_head_weights:
                 attn_weights = attn_weights.mean(dim=0)
         return attn, attn_weights
-
-    def _value_term(self, probs: Tensor, cum_column: Tensor, before_start: Tensor) -> Tensor:
-        """Σ_j α_ij w^V_b(i,j) = Σ_m G_im Δw_m (see the module docstring): (B·H, T, S) -> (B·H, T, d_z)."""
-        accumulate = torch.promote_types(probs.dtype, torch.float32)  # half-precision cumsums lose the buckets
-        cumulative = probs.cumsum(-1, dtype=accumulate)  # C_i(p)
-        g = cumulative.gather(2, cum_column.expand(probs.size(0), -1, -1)).masked_fill(before_start, 0.0)
-        w = self.relative_values.to(accumulate)
-        delta_w = w - F.pad(w[..., 1:, :], (0, 0, 0, 1))  # Δw_m = w_m − w_m+1, Δw_2k = w_2k
-        return self._times_table(g, delta_w).type_as(probs)
 
     def _extend_cache(self, incremental_state, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], bsz: int):
         """Append this step's keys/values to fairseq's incremental buffer (prev_key/prev_value/prev_key_padding_mask,
