@@ -172,6 +172,16 @@ def test_negative_clipping_distance_fails_at_build():
         TranslationTask.build_model(TranslationTask(args, Dictionary(), Dictionary()), args)
 
 
+@pytest.mark.parametrize("flags,message", [
+    (("--relative-add-absolute-positions", "--no-token-positional-embeddings"),
+     "--relative-add-absolute-positions contradicts --no-token-positional-embeddings"),
+    (("--cross-self-attention",), "does not support --cross-self-attention"),
+])
+def test_contradictory_flags_fail_at_build(flags, message):
+    with pytest.raises(ValueError, match=message):
+        build("relative_transformer_tiny", *flags)
+
+
 def test_negative_clipping_distance_is_one_cli_line(tmp_path):
     save_dir = tmp_path / "checkpoints"
     proc = subprocess.run(
