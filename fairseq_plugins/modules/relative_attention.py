@@ -209,7 +209,7 @@ class RelativeMultiheadAttention(MultiheadAttention):
             if attn_mask.dtype == torch.bool:
                 scores = scores.masked_fill(attn_mask, float("-inf"))
             else:
-                scores = scores + attn_mask
+                scores += attn_mask  # in place: keeps the scores' dtype, as fairseq
         if key_padding_mask is not None:
             scores = (
                 scores.view(bsz, self.num_heads, tgt_len, src_len)
