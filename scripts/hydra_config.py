@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Compose a Hydra config exactly as `fairseq-hydra-train --config-dir configs --config-name NAME` does, and
+read values from it or build its model (no data, no training).
+
+    scripts/hydra_config.py get NAME KEY [KEY ...] [--override k=v ...]
+        one line per KEY (dotted path); lists print comma-separated, None prints as "null"
+    scripts/hydra_config.py params NAME --dict-dir DIR [--override k=v ...]
+        builds task + model (on torch's meta device: no memory, no init) and prints the parameter count
+    scripts/hydra_config.py check [NAME ...]
+        composes every given config (default: every configs/*.yaml) and prints "NAME ok" or the error
+
+How fairseq-hydra-train composes: it stores fairseq's FairseqConfig dataclass in Hydra's ConfigStore under the
+*primary config's name*, so Hydra merges the primary file onto that schema (every field at its dataclass
+default), then merges the defaults list in order, then the command-line overrides; then fairseq's add_defaults
+fills task/criterion/optimizer/... sections from their registered dataclasses. The model section of a legacy
+(argparse) model stays free-form: the architecture function named by `model._name` runs when the model is built.
+Because the schema comes with the primary file, a primary config whose `_self_` came last would reset every
+value its defaults list set; so our cell configs list `_self_` first and keep all values in the parts they
+include (configs/wmt14/README.md).
+"""
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "configs"
+
+
+def _import_fairseq():
+    from fairseq import models, tasks, utils  # noqa: F401  (fills the registries add_defaults reads)
+
+    utils.import_user_module(argparse.Namespace(user_dir=str(REPO / "fairseq_plugins")))
+
+
+def compose(name, overrides=(), config_dir=CONFIG_DIR):
+    """The resolved, struct-mode config fairseq-hydra-train would train `name` with."""
+    from fairseq.dataclass.initialize import add_defaults, hydra_init
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    _import_fairseq()
+    hydra_init(name)
+    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+        cfg = hydra_compose(name, overrides=list(overrides))
+    add_defaults(cfg)
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def select(cfg, key):
+    from omegaconf import OmegaConf
+
+    sentinel = object()
+    value = OmegaConf.select(cfg, key, default=sentinel)
+    if value is sentinel:
+        raise KeyError(f"{key}: no such key in the composed config")
+    return value
+
+
+def format_value(value):
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value)
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return ",".join(format_value(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def count_parameters(model):
+    """Unique parameters (shared embeddings counted once), as fairseq's 'num. shared model params'."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_model(cfg, dict_dir, meta=True):
+    """fairseq-train's set-up: setup_task(cfg.task) + task.build_model(cfg.model), with task.data = dict_dir
+    (a directory holding dict.SRC.txt / dict.TGT.txt is enough: no dataset is loaded)."""
+    import torch
+    from fairseq import tasks
+    from fairseq.dataclass.initialize import add_defaults
+
+    add_defaults(cfg)  # as fairseq_cli/train.py's main does again; it also lifts struct mode
+    cfg.task.data = str(dict_dir)
+    task = tasks.setup_task(cfg.task)
+    if meta:
+        with torch.device("meta"):
+            return task.build_model(cfg.model)
+    return task.build_model(cfg.model)
+
+
+def cli_build_model(argv, meta=True):
+    """The same through fairseq-train's command line: argv as given to fairseq-train (DATA --arch ... )."""
+    import torch
+    from fairseq import options, tasks
+
+    _import_fairseq()
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, ["--user-dir", str(REPO / "fairseq_plugins"), *argv])
+    task = tasks.setup_task(args)
+    if meta:
+        with torch.device("meta"):
+            return task.build_model(args)
+    return task.build_model(args)
+
+
+def config_names(config_dir=CONFIG_DIR):
+    return sorted(p.stem for p in Path(config_dir).glob("*.yaml"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    get = sub.add_parser("get")
+    get.add_argument("name")
+    get.add_argument("keys", nargs="+")
+    params = sub.add_parser("params")
+    params.add_argument("name")
+    params.add_argument("--dict-dir", required=True)
+    check = sub.add_parser("check")
+    check.add_argument("names", nargs="*")
+    for p in (get, params, check):
+        p.add_argument("--config-dir", default=str(CONFIG_DIR))
+        p.add_argument("--override", nargs="*", default=[], help="Hydra overrides, as on the command line")
+    args = ap.parse_args()
+
+    import logging
+
+    logging.disable(logging.WARNING)  # fairseq/hydra chatter would mix into the printed values
+    import warnings
+
+    warnings.filterwarnings("ignore")  # Hydra's automatic-schema-matching deprecation notice
+
+    if args.cmd == "get":
+        cfg = compose(args.name, args.override, args.config_dir)
+        try:
+            for key in args.keys:
+                print(format_value(select(cfg, key)))
+        except KeyError as err:
+            sys.exit(f"hydra_config.py: {args.name}: {err.args[0]}")
+    elif args.cmd == "params":
+        cfg = compose(args.name, args.override, args.config_dir)
+        print(count_parameters(build_model(cfg, args.dict_dir)))
+    else:
+        failed = 0
+        for name in args.names or config_names(args.config_dir):
+            try:
+                compose(name, args.override, args.config_dir)
+                print(f"{name} ok")
+            except Exception as err:  # report every config, then fail
+                failed += 1
+                cause = err.__cause__ or err
+                print(f"{name} FAILED: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
+        sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PWD", os.getcwd())
+    main()

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Train one Hydra config (configs/NAME.yaml) with fairseq-hydra-train on this node's GPUs, or on CPU.
+#
+#   scripts/train.sh CONFIG [hydra overrides ...]
+#
+# CONFIG is a config name (wmt14_en_de_base_relative) or a path to one (configs/wmt14_en_de_base_relative.yaml).
+# The experiment is named after the config (EXPERIMENT=... renames it); it writes
+#   checkpoints/<experiment>/            checkpoints (checkpoint_last.pt, checkpoint<epoch>.pt, ...)
+#   checkpoints/<experiment>/train.log   fairseq's log (appended by every run)
+#   checkpoints/<experiment>/tb/         tensorboard logs
+#   checkpoints/<experiment>/hydra/      Hydra's record of the composed config, per rank
+# Rerunning the same command resumes from checkpoint_last.pt (fairseq's default --restore-file); a
+# checkpoint_last.pt left truncated by a kill is replaced by the newest intact checkpoint first.
+#
+# Data parallel: distributed_world_size = the number of visible GPUs (CUDA_VISIBLE_DEVICES). The configs state
+# their batch for distributed_world_size GPUs (8 for the papers); on N GPUs update_freq is scaled by 8/N so that
+# the effective batch stays the paper's (an error if it does not divide; pass optimization.update_freq=[K]
+# to choose yourself).
+#
+# Environment:
+#   CPU=1            train on CPU (also implied by the override common.cpu=true): fp16 off, one process
+#                    (or, under LAUNCHER=srun, one gloo process per Slurm task)
+#   EXPERIMENT       experiment name (default: the config name); SAVE_DIR overrides checkpoints/<experiment>
+#   LAUNCHER=srun    used by scripts/train.sbatch: one process per Slurm task (srun), world size = SLURM_NTASKS,
+#                    ranks from fairseq's Slurm detection (SLURM_PROCID / SLURM_LOCALID); PORT sets the
+#                    rendezvous port (default 10000 + SLURM_JOB_ID mod 20000)
+set -euo pipefail
+if [ $# -lt 1 ]; then
+  echo "usage: $0 CONFIG [hydra overrides ...]" >&2; exit 2
+fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CONFIG=$1
+shift
+case "$CONFIG" in
+  */*|*.yaml) CONFIG_DIR=$(cd "$(dirname "$CONFIG")" && pwd); NAME=$(basename "$CONFIG" .yaml) ;;
+  *) CONFIG_DIR=$ROOT/configs; NAME=$CONFIG ;;
+esac
+[ -f "$CONFIG_DIR/$NAME.yaml" ] || { echo "train.sh: no config $CONFIG_DIR/$NAME.yaml" >&2; exit 2; }
+cd "$ROOT"
+export PWD=$ROOT  # configs find data/ and fairseq_plugins/ through ${oc.env:PWD}
+export PATH="$ROOT/.venv/bin:$PATH"
+PY=${PY:-python}
+
+EXP=${EXPERIMENT:-$NAME}
+SAVE=${SAVE_DIR:-$ROOT/checkpoints/$EXP}
+case "$SAVE" in /*) ;; *) SAVE=$ROOT/$SAVE ;; esac
+
+user_sets() {  # does an override given on the command line set KEY?
+  local key=$1 arg
+  for arg in "${USER_ARGS[@]}"; do case "$arg" in "$key="*|"+$key="*|"++$key="*) return 0 ;; esac; done
+  return 1
+}
+USER_ARGS=("$@")
+CPU=${CPU:-0}
+for arg in "${USER_ARGS[@]}"; do
+  case "$arg" in common.cpu=true|common.cpu=True|++common.cpu=true) CPU=1 ;; esac
+done
+
+# world size: Slurm tasks, local GPUs, or one CPU process
+LAUNCH=()
+EXTRA=()
+if [ "${LAUNCHER:-local}" = srun ]; then
+  WORLD=${SLURM_NTASKS:?LAUNCHER=srun needs a Slurm allocation (SLURM_NTASKS unset)}
+  PORT=${PORT:-$((10000 + ${SLURM_JOB_ID:-0} % 20000))}
+  LAUNCH=(srun --kill-on-bad-exit=1 --ntasks="$WORLD")
+  EXTRA+=("distributed_training.distributed_port=$PORT")
+  [ "$CPU" = 1 ] && EXTRA+=("distributed_training.distributed_backend=gloo")
+elif [ "$CPU" = 1 ]; then
+  WORLD=1
+else
+  WORLD=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+  if [ "$WORLD" -lt 1 ]; then
+    echo "train.sh: no GPU visible (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}); set CPU=1 to train on CPU" >&2
+    exit 1
+  fi
+fi
+if [ "$CPU" = 1 ]; then
+  EXTRA+=("common.cpu=true")
+  user_sets common.fp16 || EXTRA+=("common.fp16=false")
+fi
+
+# keep the configured effective batch: update_freq × world size
+if ! user_sets optimization.update_freq; then
+  ref=$("$PY" "$ROOT/scripts/hydra_config.py" get "$NAME" --config-dir "$CONFIG_DIR" \
+    distributed_training.distributed_world_size optimization.update_freq)
+  REF_WORLD=${ref%%$'\n'*} REF_FREQ=${ref##*$'\n'}
+  case "$REF_FREQ" in *,*) echo "train.sh: $NAME has a per-epoch update_freq ($REF_FREQ); pass optimization.update_freq=[...]" >&2; exit 2 ;; esac
+  total=$((REF_WORLD * REF_FREQ))
+  if [ $((total % WORLD)) -ne 0 ]; then
+    echo "train.sh: $NAME's batch is stated for $REF_WORLD GPUs x update_freq $REF_FREQ; $WORLD processes cannot keep it" \
+      "(pass optimization.update_freq=[K] to choose)" >&2
+    exit 2
+  fi
+  EXTRA+=("optimization.update_freq=[$((total / WORLD))]")
+fi
+
+mkdir -p "$SAVE/tb"
+"$PY" "$ROOT/scripts/checkpoint_guard.py" "$SAVE"
+
+echo "train.sh: $EXP ($CONFIG_DIR/$NAME.yaml) on $WORLD $([ "$CPU" = 1 ] && echo CPU process || echo GPU)(s) -> $SAVE" >&2
+# exec: under LAUNCHER=srun the caller's signals (scripts/train.sbatch) reach srun directly
+exec "${LAUNCH[@]}" fairseq-hydra-train --config-dir "$CONFIG_DIR" --config-name "$NAME" \
+  "checkpoint.save_dir=$SAVE" "common.tensorboard_logdir=$SAVE/tb" "common.log_file=$SAVE/train.log" \
+  "distributed_training.distributed_world_size=$WORLD" \
+  "hydra.run.dir=$SAVE/hydra/rank\${oc.env:SLURM_PROCID,0}" hydra.job.chdir=false \
+  "${EXTRA[@]}" "$@"
