@@ -1,0 +1,105 @@
+"""A small toy corpus and a fast CPU training command, shared by the reliability tests (resume, distributed,
+data-prep interruption, bad input, checkpoint safety). Kept small so that each training run takes seconds."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from conftest import BIN, REPO, env, run
+
+# make_toy_data.py sizes: ~600 pairs of 3-20 words -> ~40 updates of --max-tokens 512 per epoch.
+TOY_SIZES = ["--train", "600", "--valid", "40", "--test", "40", "--test-long", "8", "--seed", "7"]
+VOCAB = "200"
+_CACHE = {}
+
+
+def small_raw(root):
+    """Writes the small toy corpus into root (deterministic); returns root."""
+    run([sys.executable, "scripts/make_toy_data.py", "--out", str(root), *TOY_SIZES])
+    return root
+
+
+def small_data(tmp_path_factory):
+    """The small toy corpus prepared by scripts/prepare_bitext.sh, once per session."""
+    if "data" not in _CACHE:
+        out = tmp_path_factory.mktemp("small_toy")
+        small_raw(out / "raw")
+        run(["bash", "scripts/prepare_bitext.sh", str(out / "raw"), str(out), "src", "tgt", VOCAB])
+        _CACHE["data"] = out
+    return _CACHE["data"]
+
+
+def train_cmd(data, save_dir, arch, *extra, max_update=12, seed=1):
+    """fairseq-train on the small corpus: the demo recipe (scripts/train_toy.sh) with small batches, a short
+    warm-up and no dropout by default (callers add --dropout where they want randomness)."""
+    return [str(BIN / "fairseq-train"), str(data / "bin"), "--user-dir", "fairseq_plugins", "--arch", arch,
+            "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "2e-3",
+            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0",
+            "--max-tokens", "512", "--max-update", str(max_update), "--seed", str(seed),
+            "--cpu", "--num-workers", "0", "--save-dir", str(save_dir), "--no-epoch-checkpoints",
+            "--log-format", "simple", "--log-interval", "1", *extra]
+
+
+def train(data, save_dir, arch, *extra, **kw):
+    return run(train_cmd(data, save_dir, arch, *extra, **kw)).stdout
+
+
+def last_valid_loss(log):
+    """The last 'valid on 'valid' subset | loss X' figure of a fairseq-train log, as printed (3 decimals)."""
+    losses = re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)", log)
+    assert losses, log[-2000:]
+    return losses[-1]
+
+
+def load(path):
+    """A checkpoint through fairseq's own loader (the patched, weights_only one)."""
+    from fairseq import checkpoint_utils
+
+    return checkpoint_utils.load_checkpoint_to_cpu(str(path))
+
+
+def assert_same_model(a, b):
+    """Two checkpoints hold bit-identical model parameters and buffers, and the same update count."""
+    sa, sb = load(a), load(b)
+    assert sa["model"].keys() == sb["model"].keys()
+    # fairseq's SinusoidalPositionalEmbedding._float_tensor is torch.FloatTensor(1): uninitialised memory that
+    # only marks dtype and device, so its value is arbitrary
+    differ = [k for k in sa["model"] if not k.endswith("._float_tensor")
+              and not torch.equal(sa["model"][k], sb["model"][k])]
+    assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"
+    assert (sa["optimizer_history"][-1]["num_updates"] == sb["optimizer_history"][-1]["num_updates"])
+
+
+def start(cmd, log_path, env_extra=None):
+    """Start a command in its own process group (so that it and its children can be killed together),
+    stdout and stderr into log_path."""
+    log = open(log_path, "w")
+    return subprocess.Popen(cmd, cwd=REPO, env={**env(), **(env_extra or {})}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True, text=True)
+
+
+def wait_for(predicate, proc, timeout=300, what="condition"):
+    """Poll predicate() every 20 ms until true; fail if the process ends first or the timeout passes."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            kill_group(proc)
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def kill_group(proc):
+    """SIGKILL the process group started by start() and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
