@@ -51,6 +51,8 @@ def main():
     ap.add_argument("--out", required=True, help="JSON result path")
     ap.add_argument("--hyp-out", help="also write the detokenized hypotheses here")
     ap.add_argument("--meta", nargs="*", default=[], help="extra key=value pairs stored in the JSON")
+    ap.add_argument("--tokenized-bleu", action="store_true",
+                    help="also store the papers' tokenized, compound-split BLEU (scripts/tokenized_bleu.py)")
     args = ap.parse_args()
 
     with open(args.ref, encoding="utf-8") as f:
@@ -64,6 +66,11 @@ def main():
     score = bleu.corpus_score(hyps, [refs])
     result = {"bleu": round(score.score, 2), "sacrebleu_signature": str(bleu.get_signature()),
               "sentences": len(refs), "reference": args.ref, "hypotheses": args.hyp_out}
+    if args.tokenized_bleu:
+        from tokenized_bleu import METHOD, tokenized_bleu
+
+        result["bleu_tokenized"] = round(tokenized_bleu(hyps, refs).score, 2)
+        result["bleu_tokenized_method"] = METHOD
     result.update(kv.split("=", 1) for kv in args.meta)
     write_json(args.out, result)
     print(f"BLEU {score.score:.2f}  ({len(refs)} sentences, {bleu.get_signature()})  -> {args.out}")
