@@ -21,6 +21,17 @@ def test_imports_and_cli_help():
     assert "--arch" in out
 
 
+def test_help_lists_the_archs_flags():
+    """`fairseq-train --arch X --help` shows X's own flags (the patch defers -h to fairseq's final parse)."""
+    for arch, flags in [("relative_transformer_wmt_en_de", ["--max-relative-positions", "--no-relative-values",
+                                                           "--relative-shared-heads"]),
+                        ("floater_transformer_wmt_en_de", ["--floater-dt", "--floater-method", "--floater-update-every"]),
+                        ("transformer_wmt_en_de", ["--encoder-embed-dim"])]:
+        out = run([str(BIN / "fairseq-train"), "--user-dir", "fairseq_plugins", "--arch", arch, "--help"]).stdout
+        for flag in flags:
+            assert flag in out, (arch, flag)
+
+
 def test_train_resume_generate_score(toy_data, tmp_path):
     """1 epoch, then the same command with 2 epochs resumes from checkpoint_last.pt (which proves
     checkpoints load under torch's weights_only loader), then every test sentence gets a hypothesis."""
