@@ -379,7 +379,7 @@ def parse(argv, capsys):
 
 @pytest.mark.parametrize("flag,value,message", [
     ("--floater-dt", "-1", "argument --floater-dt: must be > 0, got -1"),
-    ("--floater-dt", "x", "argument --floater-dt: expected a float, got 'x'"),
+    ("--floater-dt", "x", "argument --floater-dt: expected a number, got 'x'"),
     ("--floater-method", "leapfrog", "argument --floater-method: invalid choice: 'leapfrog'"),
     ("--floater-update-every", "0", "argument --floater-update-every: must be > 0, got 0"),
     ("--floater-hidden", "0", "argument --floater-hidden: must be > 0, got 0"),

@@ -13,7 +13,9 @@ Grid rows follow fairseq's own position numbering (left padding does not shift p
 incremental decoding step t uses row t.
 
 Not supported (rejected when the model is built): --cross-self-attention, --checkpoint-activations and
---quant-noise-pq (they change or re-run the attention projections behind the biases' back).
+--quant-noise-pq (they change or re-run the attention projections behind the biases' back). With
+--floater-update-every N > 1 under DDP, pass --find-unused-parameters: the flows take no part in the updates
+that reuse cached biases.
 """
 
 import argparse
@@ -54,7 +56,7 @@ def _positive(kind):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
         if not value > 0 or value == float("inf"):
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
         return value

@@ -30,9 +30,9 @@ exact starting point (``scripts/transformer_to_floater.py``).
 
 Initialisation: W1 is Xavier-normal with c1 = 0 (as in the authors' code); W2 and c2 start at zero, so
 a new flow has h ≡ 0 and a new model starts as the sinusoidal Transformer it can also be converted from.
-(The authors' code also draws W2 Xavier-normal; measured at d = 512, the biases then grow about 60-fold by
-position 50 and 2000-fold by position 100 at Δ = 0.1, roughly e^{0.75·t}.) W2 gets gradient from the first update on, W1
-from the second.
+(The authors' code also draws W2 Xavier-normal; at d = 512 the biases then grow about 60-fold by position
+50 and 2000-fold by position 100 at Δ = 0.1, roughly like e^{0.75·t}.) W2 gets gradient from the first
+solve with gradient on, W1 from the second.
 
 Mapping to code
 ---------------
@@ -55,11 +55,12 @@ Cost and caching (paper §4.4 says one solve costs about 100 forward+backward pa
   whose counter is a multiple of N (and on the first forward after building or loading); on the other
   updates it reuses the cached Δb(t_i) detached from the graph, so the bias is ``b(0) + sg[Δb(t_i)]``:
   b(0) and everything else still get their exact gradient through the first term, θ gets none
-  (its ``.grad`` stays unset; an optimizer with momentum may still move it). The update counter is the
-  ``num_updates`` buffer, fed by fairseq's ``set_num_updates`` and saved in checkpoints, so the schedule
+  (its ``.grad`` stays unset; an optimizer with momentum may still move it; under DDP pass
+  --find-unused-parameters). The update counter is the ``num_updates`` buffer, fed by fairseq's
+  ``set_num_updates`` (the index of the update about to run) and saved in checkpoints, so the schedule
   survives a resume.
-- Eval and inference: Δb is solved once per parameter version (no gradient) and reused; incremental
-  decoding then costs no ODE work at all. The cache key holds the parameters' ``data_ptr`` and
+- Eval and inference: Δb is solved once per parameter version (without gradient: eval mode never
+  back-propagates into θ) and reused; incremental decoding then costs no ODE work at all. The cache key holds the parameters' ``data_ptr`` and
   ``_version`` counters, the update counter and a counter bumped by ``train()``/``eval()``;
   ``load_state_dict`` drops the cache. (fairseq's Adam updates weights through ``p.data``, which does not
   bump ``_version``: the trainer's ``set_num_updates`` and ``train()`` calls cover that. After editing
