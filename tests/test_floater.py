@@ -426,3 +426,13 @@ def test_adaptive_solver_and_adjoint_train():
     model = floater_model(floater_method="dopri5", floater_adjoint=True)
     fact = next(train_updates(model, 1))
     assert fact["solved"] and fact["theta_grad"] > 0
+
+
+def test_archs_are_fairseqs_with_floater_defaults():
+    floater_defaults = dict(floater_dt=0.1, floater_method="rk4", floater_rtol=1e-4, floater_atol=1e-6,
+                            floater_adjoint=False, floater_hidden=None, floater_update_every=1, floater_layers="all")
+    for suffix in ("", "_wmt_en_de", "_vaswani_wmt_en_de_big", "_vaswani_wmt_en_fr_big", "_tiny"):
+        ours, theirs = argparse.Namespace(), argparse.Namespace()
+        ARCH_CONFIG_REGISTRY["floater_transformer" + suffix](ours)
+        ARCH_CONFIG_REGISTRY["transformer" + suffix](theirs)
+        assert vars(ours) == {**vars(theirs), **floater_defaults}
