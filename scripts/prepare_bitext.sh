@@ -31,7 +31,11 @@ mkdir -p "$OUT/spm"
 
 # 1. joint sentencepiece model on train (both sides)
 if [ ! -s "$OUT/spm.model" ]; then
-  tmp=$(mktemp -d "$OUT/.spm.XXXXXX")
+  # a fixed temporary name: a rerun after an interruption replaces it instead of leaving a stray directory,
+  # and spm.model, which records its model prefix, is the same file on every run with the same paths
+  tmp=$OUT/spm.tmp
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
   "$PY" "$HERE/spm_train.py" --input "$RAW/train.$SRC" "$RAW/train.$TGT" --model-prefix "$tmp/spm" \
     --vocab-size "$VOCAB" --max-sentences "${SPM_TRAIN_SENTENCES:-2000000}"
   mv "$tmp/spm.vocab" "$OUT/spm.vocab"

@@ -1,0 +1,91 @@
+"""Distributed data parallel on CPU: two processes (one per rank, gloo, --distributed-no-spawn) train the tiny
+models to the same parameters as one process with --update-freq 2.
+
+Why --update-freq 2 is the exact equivalent (and doubling --max-tokens is not): fairseq cuts the epoch into
+batches of --max-tokens (the same list on every rank), shuffles the list with seed + epoch, and gives rank r the
+batches r, r + 2, r + 4, ... (ShardedIterator); one process with --update-freq 2 groups the same shuffled list
+into consecutive pairs (GroupedIterator). So update k sees batches 2k and 2k+1 in both set-ups. Doubling
+--max-tokens instead changes how sentences are packed into batches, hence the data of every update.
+The gradients are then equal bit for bit: one process accumulates g0 + g1 in .grad; with two ranks, gloo sums
+the two ranks' gradients (a sum of two floats does not depend on the order) and legacy_ddp / pytorch_ddp's
+division by the world size, undone by the trainer's multiply_grads(world_size / sample_size), only scales by
+powers of two, which is exact. Dropout would break the equivalence: the trainer seeds torch once per update
+(seed + num_updates), so the second batch of an --update-freq group continues the RNG stream while rank 1
+restarts it; these runs use --dropout 0 (the tiny archs have no other randomness). So the final checkpoints
+hold bit-identical parameters, and the validation loss printed by rank 0 equals the single process's (fairseq
+prints it rounded to 3 decimals; rank-sharded validation sums the per-batch losses in another order, which
+the rounding hides). All processes run with one intra-op thread (see ONE_THREAD).
+"""
+import socket
+
+import pytest
+
+from conftest import run
+from small_task import assert_same_model, kill_group, last_valid_loss, small_data, start, train_cmd
+
+MAX_UPDATE = 6
+# Every process runs single-threaded: a multi-threaded CPU kernel splits its sums by thread, so the thread count
+# must match for bit-identical results (and two ranks on a shared 2-core machine should not oversubscribe it).
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+_REFERENCE = {}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return small_data(tmp_path_factory)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def single_process(data, root, arch, *extra):
+    """One process, --update-freq 2 (once per model: the DDP backend plays no part in it)."""
+    key = (arch, *extra)
+    if key not in _REFERENCE:
+        save = root / ("single_" + "_".join((arch, *extra)).replace("-", ""))
+        log = run(train_cmd(data, save, arch, *extra, "--update-freq", "2", max_update=MAX_UPDATE),
+                  env_extra=ONE_THREAD).stdout
+        _REFERENCE[key] = (save, log)
+    return _REFERENCE[key]
+
+
+@pytest.mark.parametrize("arch,backend", [
+    ("transformer_tiny", "pytorch_ddp"),
+    ("relative_transformer_tiny", "legacy_ddp"),
+    ("floater_transformer_tiny", "pytorch_ddp"),
+    # re-solve every 3 updates: on the updates in between the flow θ gets no gradient. One process leaves
+    # θ.grad unset (Adam skips θ); the ranks must do the same, not fill in zeros (legacy_ddp; Adam's momentum
+    # would then move θ) nor fail on a parameter without gradient (pytorch_ddp)
+    ("floater_transformer_tiny --floater-update-every 3", "legacy_ddp"),
+    ("floater_transformer_tiny --floater-update-every 3", "pytorch_ddp"),
+])
+def test_two_ranks_equal_one_process_with_update_freq_2(data, tmp_path_factory, tmp_path, arch, backend):
+    arch, *extra = arch.split()
+    save = tmp_path / "ddp"
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = []
+    try:
+        for rank in (0, 1):
+            cmd = train_cmd(data, save, arch, *extra, "--distributed-world-size", "2", "--distributed-backend", "gloo",
+                            "--ddp-backend", backend, "--distributed-init-method", init,
+                            "--distributed-rank", str(rank), "--distributed-no-spawn", max_update=MAX_UPDATE)
+            procs.append(start(cmd, tmp_path / f"rank{rank}.log", env_extra=ONE_THREAD))
+        for proc in procs:
+            proc.wait(timeout=600)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_group(proc)
+    logs = [(tmp_path / f"rank{rank}.log").read_text() for rank in (0, 1)]
+    for rank, (proc, log) in enumerate(zip(procs, logs)):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
+    assert "distributed init (rank 1)" in logs[1] and "training on 2 devices" in logs[0]
+    assert f"num_updates={MAX_UPDATE}," in logs[0]
+
+    ref_save, ref_log = single_process(data, tmp_path_factory.getbasetemp(), arch, *extra)
+    assert "training on 1 devices" in ref_log
+    assert_same_model(ref_save / "checkpoint_last.pt", save / "checkpoint_last.pt")
+    assert last_valid_loss(logs[0]) == last_valid_loss(ref_log)
