@@ -6,7 +6,7 @@
 # CONFIG is a config name (wmt14_en_de_base_relative) or a path to one (configs/wmt14_en_de_base_relative.yaml).
 # The experiment is named after the config (EXPERIMENT=... renames it); it writes
 #   checkpoints/<experiment>/            checkpoints (checkpoint_last.pt, checkpoint<epoch>.pt, ...)
-#   checkpoints/<experiment>/train.log   fairseq's log (appended by every run)
+#   checkpoints/<experiment>/train.log   everything the run prints (appended by every run)
 #   checkpoints/<experiment>/tb/         tensorboard logs
 #   checkpoints/<experiment>/hydra/      Hydra's record of the composed config, per rank
 # Rerunning the same command resumes from checkpoint_last.pt (fairseq's default --restore-file); a
@@ -95,12 +95,13 @@ if ! user_sets optimization.update_freq; then
 fi
 
 mkdir -p "$SAVE/tb"
+# everything the run prints also goes to SAVE/train.log (appended: one log across restarts)
+exec > >(tee -a "$SAVE/train.log") 2>&1
 "$PY" "$ROOT/scripts/checkpoint_guard.py" "$SAVE"
-
-echo "train.sh: $EXP ($CONFIG_DIR/$NAME.yaml) on $WORLD $([ "$CPU" = 1 ] && echo CPU process || echo GPU)(s) -> $SAVE" >&2
+echo "train.sh: $(date -Is) $EXP ($CONFIG_DIR/$NAME.yaml) on $WORLD $([ "$CPU" = 1 ] && echo CPU process || echo GPU)(s) -> $SAVE"
 # exec: under LAUNCHER=srun the caller's signals (scripts/train.sbatch) reach srun directly
 exec "${LAUNCH[@]}" fairseq-hydra-train --config-dir "$CONFIG_DIR" --config-name "$NAME" \
-  "checkpoint.save_dir=$SAVE" "common.tensorboard_logdir=$SAVE/tb" "common.log_file=$SAVE/train.log" \
+  "checkpoint.save_dir=$SAVE" "common.tensorboard_logdir=$SAVE/tb" \
   "distributed_training.distributed_world_size=$WORLD" \
   "hydra.run.dir=$SAVE/hydra/rank\${oc.env:SLURM_PROCID,0}" hydra.job.chdir=false \
   "${EXTRA[@]}" "$@"

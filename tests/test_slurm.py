@@ -1,0 +1,80 @@
+"""scripts/train.sbatch on a real (one-node, localhost) Slurm cluster: two CPU tasks training over gloo, a
+preemption signal that makes the job requeue itself, `scontrol requeue`, and every restart resuming from
+checkpoint_last.pt.
+
+One job, three runs:
+1. submitted with --ntasks=2 (max_update 12, a checkpoint every 2 updates); once checkpoint_1_2.pt exists,
+   `scancel --signal=USR1 --batch` does what Slurm does before a time limit or a preemption: the script's trap
+   stops training and requeues the job (scontrol requeue from inside);
+2. the requeued run resumes from checkpoint_last.pt (between 2 and 12 updates) and finishes at 12 updates;
+3. `scontrol requeue` of the completed job runs it again, and it resumes from the 12-update checkpoint.
+"""
+import re
+
+import pytest
+import torch
+
+from conftest import REPO, env
+from slurm_cluster import SlurmCluster, SlurmUnavailable, ensure_installed, free_port
+
+pytestmark = pytest.mark.slurm
+MAX_UPDATE = 12
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    try:
+        ensure_installed()
+    except SlurmUnavailable as err:
+        pytest.skip(f"no Slurm: {err}")
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def updates_in(checkpoint):
+    from fairseq.checkpoint_utils import torch_load_checkpoint
+
+    with open(checkpoint, "rb") as f:
+        return torch_load_checkpoint(f, map_location=torch.device("cpu"))["optimizer_history"][-1]["num_updates"]
+
+
+def test_sbatch_preempt_requeue_resume(cluster, toy_data, tmp_path):
+    save, out = tmp_path / "ckpt", tmp_path / "job.out"
+    job = cluster.submit(
+        "--ntasks=2", f"--output={out}", f"--chdir={REPO}", "scripts/train.sbatch", "toy_recipe",
+        f"task.data={toy_data / 'bin'}", f"optimization.max_update={MAX_UPDATE}", "dataset.max_tokens=1024",
+        env={**env(), "CPU": "1", "PORT": str(free_port()), "SAVE_DIR": str(save), "OMP_NUM_THREADS": "1"},
+        cwd=REPO)
+
+    def log():
+        return out.read_text(errors="replace") if out.exists() else ""
+
+    # run 1: two ranks train; the preemption signal makes the job stop and requeue itself
+    cluster.wait(job, lambda i: (save / "checkpoint_1_2.pt").exists() or i.get("JobState") not in ("PENDING", "RUNNING"),
+                 timeout=120, release=False)
+    assert (save / "checkpoint_1_2.pt").exists(), f"no checkpoint after 2 updates; job log:\n{log()[-3000:]}"
+    assert "initialized host" in log() and "as rank 1" in log(), "the second task did not join"
+    cluster.client("scancel", "--signal=USR1", "--batch", job)
+
+    # run 2: requeued by the job itself, resumes and finishes
+    info = cluster.wait(job, lambda i: i.get("Restarts") == "1" and i.get("JobState") == "COMPLETED", timeout=150)
+    text = log()
+    assert "USR1 at" in text and "then requeueing job" in text
+    assert "restart 1:" in text, text[-2000:]
+    train_log = (save / "train.log").read_text()
+    resumed = re.findall(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d+ @ (\d+) updates\)", train_log)
+    assert resumed and 2 <= int(resumed[0]) < MAX_UPDATE, train_log[-2000:]
+    assert f"Stopping training due to num_updates: {MAX_UPDATE} >= max_update: {MAX_UPDATE}" in train_log
+    assert updates_in(save / "checkpoint_last.pt") == MAX_UPDATE
+    assert info["ExitCode"].startswith("0:")
+
+    # run 3: scontrol requeue of the finished job; it resumes from the final checkpoint
+    cluster.client("scontrol", "requeue", job)
+    cluster.wait(job, lambda i: i.get("Restarts") == "2" and i.get("JobState") == "COMPLETED", timeout=120)
+    assert "restart 2:" in log()
+    train_log = (save / "train.log").read_text()
+    assert re.search(rf"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d+ @ {MAX_UPDATE} updates\)", train_log)
