@@ -21,9 +21,12 @@ PY=${PY:-python}
 SPLITS=(train valid test "${EXTRA[@]}")
 for split in "${SPLITS[@]}"; do
   for lang in "$SRC" "$TGT"; do
-    [ -s "$RAW/$split.$lang" ] || { echo "prepare_bitext.sh: missing or empty file $RAW/$split.$lang" >&2; exit 1; }
+    # empty: no line with text (blank lines only would crash sentencepiece training)
+    grep -q '[^[:space:]]' "$RAW/$split.$lang" 2>/dev/null ||
+      { echo "prepare_bitext.sh: missing or empty file $RAW/$split.$lang" >&2; exit 1; }
   done
-  ns=$(wc -l < "$RAW/$split.$SRC"); nt=$(wc -l < "$RAW/$split.$TGT")
+  # awk counts a last line without its newline too (wc -l does not)
+  ns=$(awk 'END { print NR }' "$RAW/$split.$SRC"); nt=$(awk 'END { print NR }' "$RAW/$split.$TGT")
   [ "$ns" = "$nt" ] || {
     echo "prepare_bitext.sh: $RAW/$split.$SRC has $ns lines but $RAW/$split.$TGT has $nt (must be line-aligned)" >&2; exit 1; }
 done

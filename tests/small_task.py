@@ -103,3 +103,18 @@ def kill_group(proc):
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def tiny_checkpoint(tmp_path_factory, arch, *extra):
+    """checkpoint_last.pt of a 2-update run of arch on the small corpus, once per session and arch."""
+    key = ("checkpoint", arch, *extra)
+    if key not in _CACHE:
+        save = tmp_path_factory.mktemp("ckpt_" + arch)
+        run(train_cmd(small_data(tmp_path_factory), save, arch, *extra, max_update=2))
+        _CACHE[key] = save / "checkpoint_last.pt"
+    return _CACHE[key]
+
+
+def run_split(cmd):
+    """Run a command from the repo root with the venv on PATH; stdout and stderr kept apart."""
+    return subprocess.run(cmd, cwd=REPO, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
