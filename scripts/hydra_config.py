@@ -19,12 +19,15 @@ value its defaults list set; so our cell configs list `_self_` first and keep al
 include (configs/wmt14/README.md).
 """
 import argparse
+import copy
 import os
 import sys
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "configs"
+_STORE_READY = False
 
 
 def _import_fairseq():
@@ -38,12 +41,27 @@ def compose(name, overrides=(), config_dir=CONFIG_DIR):
     from fairseq.dataclass.initialize import add_defaults, hydra_init
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
+    global _STORE_READY
     _import_fairseq()
-    hydra_init(name)
-    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
-        cfg = hydra_compose(name, overrides=list(overrides))
+    if _STORE_READY:  # the per-field entries hydra_init also stores are there already: only the schema
+        from fairseq.dataclass.configs import FairseqConfig
+
+        ConfigStore.instance().store(name=name, node=FairseqConfig)
+    else:
+        hydra_init(name)
+        _STORE_READY = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="(?s).*validated against ConfigStore schema")
+            with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+                cfg = hydra_compose(name, overrides=list(overrides))
+    finally:
+        # hydra_init stored the schema under this name; Hydra deep-copies the whole store on every
+        # compose, so composing many configs in one process would slow down with each name kept
+        ConfigStore.instance().repo.pop(f"{name}.yaml", None)
     add_defaults(cfg)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     OmegaConf.set_struct(cfg, True)
@@ -86,6 +104,7 @@ def build_model(cfg, dict_dir, meta=True):
     from fairseq import tasks
     from fairseq.dataclass.initialize import add_defaults
 
+    cfg = copy.deepcopy(cfg)  # the caller's config stays as composed
     add_defaults(cfg)  # as fairseq_cli/train.py's main does again; it also lifts struct mode
     cfg.task.data = str(dict_dir)
     task = tasks.setup_task(cfg.task)
