@@ -33,7 +33,8 @@
 # Output (default --out data/wmt14_en_de or data/wmt14_en_fr, where configs/wmt14/data/*.yaml look):
 #   OUT/raw/{train,valid,test}.{en,XX}   plain text (test.XX is the sacrebleu reference)
 #   OUT/spm.model, OUT/bin/              sentencepiece model, fairseq data
-# Environment: WORKERS (fairseq-preprocess workers, default 2), SPM_TRAIN_SENTENCES (default 2000000), PY.
+# Environment: WORKERS (fairseq-preprocess workers, default 2), SPM_TRAIN_SENTENCES (default 2000000), PY,
+# WMT14_URL_BASE (default https://www.statmt.org: a mirror with the same wmt10/ wmt13/ wmt14/ layout).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
@@ -65,7 +66,7 @@ done
 [ -f "$SUMS" ] || die "checksum file $SUMS not found"
 export PATH="$ROOT/.venv/bin:$PATH"
 
-BASE=https://www.statmt.org
+BASE=${WMT14_URL_BASE:-https://www.statmt.org}  # another mirror of statmt.org's layout (wmt10/, wmt13/, wmt14/)
 # archive name | URL | members needed (paths inside the archive)
 if [ "$PAIR" = en-de ]; then
   ARCHIVES=(
@@ -108,7 +109,7 @@ for entry in "${ARCHIVES[@]}"; do
     if [ ! -f "$archive" ]; then
       mkdir -p "$DL"
       echo "downloading $url" >&2
-      curl -fL --retry 5 --retry-delay 10 -C - -o "$archive.part" "$url" ||
+      curl -fL --retry 5 --retry-delay 10 --progress-bar -C - -o "$archive.part" "$url" ||
         die "download of $url failed (rerun to resume $archive.part)"
       mv "$archive.part" "$archive"
     fi
@@ -139,7 +140,7 @@ fi
 if [ -f "$OUT/.done/vocab" ] && [ "$(cat "$OUT/.done/vocab")" != "$VOCAB" ]; then
   die "$OUT was prepared with --vocab $(cat "$OUT/.done/vocab"), not $VOCAB (use another --out)"
 fi
-echo "$VOCAB" > "$OUT/.done/vocab"
+[ -f "$OUT/.done/vocab" ] || echo "$VOCAB" > "$OUT/.done/vocab"
 PY=$PY bash "$HERE/prepare_bitext.sh" "$OUT/raw" "$OUT" en "$TGT" "$VOCAB"
 for split in train valid test; do
   printf '%s %s lines\n' "$OUT/raw/$split.en" "$(wc -l < "$OUT/raw/$split.en")"
