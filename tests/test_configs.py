@@ -1,6 +1,6 @@
 """The WMT14 Hydra configs: every one composes as fairseq-hydra-train composes it, pins the papers'
-hyper-parameters, builds the same model as the command line does for its architecture; and scripts/train.sh
-trains (and resumes) a tiny config on CPU.
+hyper-parameters and builds the same model as the command line does for its architecture.
+(scripts/train.sh training a tiny config: tests/test_launchers.py.)
 
 Models are built on torch's meta device (shapes only) over a 1,000-word fake dictionary, so the big ones
 cost nothing."""
@@ -183,31 +183,3 @@ def test_get_cli_prints_values(composed):
     with pytest.raises(KeyError, match="no.such.key: no such key"):
         hydra_config.select(composed("toy_recipe"), "no.such.key")
 
-
-def test_train_sh_trains_rescales_and_resumes(toy_data, tmp_path):
-    """scripts/train.sh on CPU: the toy config states its batch for 2 processes, so one process runs
-    update_freq 2; a rerun resumes from checkpoint_last.pt, after replacing a truncated one."""
-    save = tmp_path / "exp"
-    envs = {"CPU": "1", "SAVE_DIR": str(save)}
-    args = ["bash", "scripts/train.sh", "toy_recipe", f"task.data={toy_data / 'bin'}", "dataset.max_tokens=1024", "dataset.max_valid_steps=1"]
-    first = run(args + ["optimization.max_update=2"], env_extra=envs).stdout
-    assert "'update_freq': [2]" in first and "'distributed_world_size': 1" in first
-    assert (save / "checkpoint_last.pt").is_file() and (save / "checkpoint_1_2.pt").is_file()
-    assert list((save / "tb").rglob("events.out.tfevents.*")), "no tensorboard logs"
-    assert (save / "train.log").read_text().count("done training") == 1
-
-    last = save / "checkpoint_last.pt"
-    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # killed while fairseq copied it
-    second = run(args + ["optimization.max_update=4"], env_extra=envs).stdout
-    assert "checkpoint_last.pt was truncated" in second and "resuming from checkpoint_1_2.pt" in second
-    assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 1 @ 2 updates\)", second)
-    assert (save / "checkpoint_1_4.pt").is_file()
-    assert (save / "train.log").read_text().count("done training") == 2
-
-
-def test_train_sh_needs_a_gpu_or_cpu_flag(tmp_path):
-    proc = run(["bash", "scripts/train.sh", "toy_recipe"], check=False,
-               env_extra={"CUDA_VISIBLE_DEVICES": "", "SAVE_DIR": str(tmp_path / "x")})
-    assert proc.returncode == 1 and "no GPU visible" in proc.stdout and "CPU=1" in proc.stdout
-    missing = run(["bash", "scripts/train.sh", "no_such_config"], check=False)
-    assert missing.returncode == 2 and "no config" in missing.stdout
