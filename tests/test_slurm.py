@@ -47,6 +47,7 @@ def test_sbatch_preempt_requeue_resume(cluster, toy_data, tmp_path):
     job = cluster.submit(
         "--ntasks=2", f"--output={out}", f"--chdir={REPO}", "scripts/train.sbatch", "toy_recipe",
         f"task.data={toy_data / 'bin'}", f"optimization.max_update={MAX_UPDATE}", "dataset.max_tokens=1024",
+        "dataset.max_valid_steps=1",
         env={**env(), "CPU": "1", "PORT": str(free_port()), "SAVE_DIR": str(save), "OMP_NUM_THREADS": "1"},
         cwd=REPO)
 
