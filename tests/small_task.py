@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -15,6 +14,10 @@ from conftest import BIN, REPO, env, run
 # make_toy_data.py sizes: ~600 pairs of 3-20 words -> ~40 updates of --max-tokens 512 per epoch.
 TOY_SIZES = ["--train", "600", "--valid", "40", "--test", "40", "--test-long", "8", "--seed", "7"]
 VOCAB = "200"
+# Every process these tests start runs one intra-op thread: on a small shared machine two OpenMP threads per
+# process slow tiny models down many times over, and bit-for-bit comparisons need one fixed thread count (a
+# multi-threaded CPU kernel splits its sums by thread).
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 _CACHE = {}
 
 
@@ -29,7 +32,7 @@ def small_data(tmp_path_factory):
     if "data" not in _CACHE:
         out = tmp_path_factory.mktemp("small_toy")
         small_raw(out / "raw")
-        run(["bash", "scripts/prepare_bitext.sh", str(out / "raw"), str(out), "src", "tgt", VOCAB])
+        run1(["bash", "scripts/prepare_bitext.sh", str(out / "raw"), str(out), "src", "tgt", VOCAB])
         _CACHE["data"] = out
     return _CACHE["data"]
 
@@ -46,8 +49,9 @@ def train_cmd(data, save_dir, arch, *extra, max_update=12, seed=1):
             "--log-format", "simple", "--log-interval", "1", *extra]
 
 
-def train(data, save_dir, arch, *extra, **kw):
-    return run(train_cmd(data, save_dir, arch, *extra, **kw)).stdout
+def run1(cmd, check=True):
+    """conftest.run with one thread (ONE_THREAD)."""
+    return run(cmd, check=check, env_extra=ONE_THREAD)
 
 
 def last_valid_loss(log):
@@ -76,12 +80,12 @@ def assert_same_model(a, b):
     assert (sa["optimizer_history"][-1]["num_updates"] == sb["optimizer_history"][-1]["num_updates"])
 
 
-def start(cmd, log_path, env_extra=None):
-    """Start a command in its own process group (so that it and its children can be killed together),
-    stdout and stderr into log_path."""
-    log = open(log_path, "w")
-    return subprocess.Popen(cmd, cwd=REPO, env={**env(), **(env_extra or {})}, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, text=True)
+def start(cmd, log_path):
+    """Start a command (one thread) in its own process group, so that it and its children can be killed
+    together; stdout and stderr into log_path."""
+    with open(log_path, "w") as log:  # unbuffered: the log shows what the process did up to the kill
+        return subprocess.Popen(cmd, cwd=REPO, env={**env(), **ONE_THREAD, "PYTHONUNBUFFERED": "1"}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, text=True)
 
 
 def wait_for(predicate, proc, timeout=300, what="condition"):
@@ -110,11 +114,12 @@ def tiny_checkpoint(tmp_path_factory, arch, *extra):
     key = ("checkpoint", arch, *extra)
     if key not in _CACHE:
         save = tmp_path_factory.mktemp("ckpt_" + arch)
-        run(train_cmd(small_data(tmp_path_factory), save, arch, *extra, max_update=2))
+        run1(train_cmd(small_data(tmp_path_factory), save, arch, *extra, max_update=2))
         _CACHE[key] = save / "checkpoint_last.pt"
     return _CACHE[key]
 
 
 def run_split(cmd):
     """Run a command from the repo root with the venv on PATH; stdout and stderr kept apart."""
-    return subprocess.run(cmd, cwd=REPO, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.run(cmd, cwd=REPO, env={**env(), **ONE_THREAD}, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)

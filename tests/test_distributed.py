@@ -14,7 +14,7 @@ powers of two, which is exact. Dropout would break the equivalence: the trainer 
 restarts it; these runs use --dropout 0 (the tiny archs have no other randomness). So the final checkpoints
 hold bit-identical parameters, and the validation loss printed by rank 0 equals the single process's (fairseq
 prints it rounded to 3 decimals; rank-sharded validation sums the per-batch losses in another order, which
-the rounding hides). All processes run with one intra-op thread (see ONE_THREAD).
+the rounding hides). All processes run with one intra-op thread (small_task.ONE_THREAD).
 pytorch_ddp runs without --find-unused-parameters because the fairseq patch has DDP skip the BetterTransformer
 parameter copies that fairseq 0.12.2's encoder layers hold and never use (unpatched, it fails at update 2).
 """
@@ -22,13 +22,9 @@ import socket
 
 import pytest
 
-from conftest import run
-from small_task import assert_same_model, kill_group, last_valid_loss, small_data, start, train_cmd
+from small_task import assert_same_model, kill_group, last_valid_loss, run1, small_data, start, train_cmd
 
 MAX_UPDATE = 6
-# Every process runs single-threaded: a multi-threaded CPU kernel splits its sums by thread, so the thread count
-# must match for bit-identical results (and two ranks on a shared 2-core machine should not oversubscribe it).
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 _REFERENCE = {}
 
 
@@ -48,8 +44,7 @@ def single_process(data, root, arch, *extra):
     key = (arch, *extra)
     if key not in _REFERENCE:
         save = root / ("single_" + "_".join((arch, *extra)).replace("-", ""))
-        log = run(train_cmd(data, save, arch, *extra, "--update-freq", "2", max_update=MAX_UPDATE),
-                  env_extra=ONE_THREAD).stdout
+        log = run1(train_cmd(data, save, arch, *extra, "--update-freq", "2", max_update=MAX_UPDATE)).stdout
         _REFERENCE[key] = (save, log)
     return _REFERENCE[key]
 
@@ -74,7 +69,7 @@ def test_two_ranks_equal_one_process_with_update_freq_2(data, tmp_path_factory, 
             cmd = train_cmd(data, save, arch, *extra, "--distributed-world-size", "2", "--distributed-backend", "gloo",
                             "--ddp-backend", backend, "--distributed-init-method", init,
                             "--distributed-rank", str(rank), "--distributed-no-spawn", max_update=MAX_UPDATE)
-            procs.append(start(cmd, tmp_path / f"rank{rank}.log", env_extra=ONE_THREAD))
+            procs.append(start(cmd, tmp_path / f"rank{rank}.log"))
         for proc in procs:
             proc.wait(timeout=600)
     finally:

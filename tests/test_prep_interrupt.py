@@ -6,8 +6,7 @@ import hashlib
 import re
 import shutil
 
-from conftest import run
-from small_task import VOCAB, kill_group, small_raw, start, wait_for
+from small_task import VOCAB, kill_group, run1, small_raw, start, wait_for
 
 # fairseq-preprocess's console log (OUT/preprocess.log) carries wall-clock timestamps; they are dropped before
 # comparing. Everything else must be byte-identical.
@@ -33,7 +32,7 @@ def test_killed_prepare_reruns_to_the_clean_result(tmp_path):
     raw = small_raw(tmp_path / "raw")
     out = tmp_path / "out"
     cmd = ["bash", "scripts/prepare_bitext.sh", str(raw), str(out), "src", "tgt", VOCAB, "test_long"]
-    run(cmd)
+    run1(cmd)
     clean = snapshot(out)
     assert "bin/.done" in clean and "bin/test_long.src-tgt.src.bin" in clean and "spm.model" in clean
     shutil.rmtree(out)
@@ -50,6 +49,6 @@ def test_killed_prepare_reruns_to_the_clean_result(tmp_path):
         assert proc.returncode == -9
         assert not (out / not_yet).exists(), f"the run got past {what} before the kill"
 
-    log = run(cmd).stdout
+    log = run1(cmd).stdout
     assert "binarized data in" in log
     assert snapshot(out) == clean

@@ -6,7 +6,8 @@ model, the optimizer state (Adam moments and step), the lr scheduler, the update
 position inside the epoch (iterations_in_epoch; the epoch's batch order is a function of seed + epoch), and
 the trainer reseeds torch before every update with seed + num_updates (Trainer._set_seed), so dropout masks do
 not depend on what ran before in the process. With --num-workers 0 on CPU every kernel is deterministic, so the
-updates after the resume repeat the uninterrupted run's operations one for one. Mid-epoch checkpoints come
+updates after the resume repeat the uninterrupted run's operations one for one (every run uses one intra-op
+thread, small_task.ONE_THREAD). Mid-epoch checkpoints come
 from --save-interval-updates; fairseq validates at each of them in both runs alike (validation does not touch
 the RNG that training uses, since training reseeds).
 """
@@ -14,8 +15,8 @@ import re
 
 import pytest
 
-from small_task import assert_same_model, kill_group, last_valid_loss, small_data, start, train_cmd, wait_for
-from conftest import run
+from small_task import (assert_same_model, kill_group, last_valid_loss, run1, small_data, start, train_cmd,
+                        wait_for)
 
 SAVE_EVERY = 6  # the kill comes right after the checkpoint of update 6 (an epoch has ~40 updates)
 MAX_UPDATE = 16
@@ -28,14 +29,15 @@ def data(tmp_path_factory):
 
 def train_losses(log):
     """{update: training loss as logged} from --log-interval 1 train_inner lines."""
-    return {int(n): loss for loss, n in re.findall(r"train_inner \| epoch \d+:.*?loss=([0-9.]+),.*?num_updates=(\d+)", log)}
+    lines = re.findall(r"train_inner \| epoch \d+:.*?loss=([0-9.]+),.*?num_updates=(\d+)", log)
+    return {int(n): loss for loss, n in lines}
 
 
 def kill_and_resume(data, tmp_path, arch, *extra):
     """(log of the uninterrupted run, log of the resumed run); checks the kill and the resume point."""
     args = (arch, *extra, "--save-interval-updates", str(SAVE_EVERY), "--dropout", "0.1")
     ref_dir, dir_ = tmp_path / "uninterrupted", tmp_path / "killed"
-    ref_log = run(train_cmd(data, ref_dir, *args, max_update=MAX_UPDATE)).stdout
+    ref_log = run1(train_cmd(data, ref_dir, *args, max_update=MAX_UPDATE)).stdout
 
     cmd = train_cmd(data, dir_, *args, max_update=MAX_UPDATE)
     log_path = tmp_path / "killed.log"
@@ -48,7 +50,7 @@ def kill_and_resume(data, tmp_path, arch, *extra):
     assert "done training" not in killed_log and f"num_updates={MAX_UPDATE}," not in killed_log, \
         "the run finished before the kill: no interruption was tested"
 
-    resumed_log = run(cmd).stdout  # the very same command
+    resumed_log = run1(cmd).stdout  # the very same command
     assert re.search(rf"Loaded checkpoint \S*killed/checkpoint_last\.pt \(epoch 1 @ {SAVE_EVERY} updates\)",
                      resumed_log), resumed_log[-3000:]
     assert re.search(rf"epoch 001:\s+{SAVE_EVERY + 1} / \d+ .*num_updates={SAVE_EVERY + 1},", resumed_log), \
