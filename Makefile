@@ -5,7 +5,7 @@ SHELL := /bin/bash
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test bench clean
 
 setup:
 	@bash scripts/setup_env.sh
@@ -19,6 +19,9 @@ endif
 
 test: setup
 	@python -m pytest -q tests
+
+bench: setup
+	@python scripts/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf data/toy checkpoints/toy_* results/demo

@@ -1,0 +1,581 @@
+#!/usr/bin/env python
+"""What relative positions and FLOATER cost, as ratios to fairseq's Transformer measured in the same run.
+
+The protocol, for every sequence length T (source and target both T tokens, a fixed token budget per batch, so
+B = tokens // T sentences):
+
+1. Training update: fairseq's task.train_step (forward + label-smoothed cross-entropy + backward), the trainer's
+   gradient normalisation and norm, and fairseq's Adam step, on a random batch over a synthetic dictionary. The
+   models are timed round-robin (one update of each per repetition, the order rotated every repetition) so that
+   drift in the machine's load hits all of them alike; the figure is the median after warm-up.
+   FLOATER runs twice: with the exact gradient every update (--floater-update-every 1) and with the cached
+   biases of --floater-update-every N. The latter's figure is the amortised cost of one update,
+   ((N − 1)·median(cached update) + median(exact update)) / N: one update in N re-solves.
+2. Decoding: beam-4 search through fairseq's SequenceGenerator with incremental decoding, random sources of
+   length T and min_len = max_len = T, so every model produces exactly T tokens (+ EOS) per sentence and does the
+   same number of steps. Reported per sentence.
+3. Peak memory of one training run: each (model, T) in a fresh process forked from a server that has only
+   imported the libraries; two updates (the first creates Adam's state; FLOATER's first re-solves). On CUDA
+   torch.cuda.max_memory_allocated; on CPU the process's peak resident set (VmHWM, reset through
+   /proc/self/clear_refs) minus its resident set just before the model is built.
+4. FLOATER's ODE: its share of an exact update is 1 − (cached update) / (exact update), both medians of the same
+   rounds: the cached update is the same model doing everything but the solve and its backward.
+
+With --profile-length T the script also records torch.profiler's top operators of one update of every model.
+
+Usage: python scripts/bench.py [--quick] [--device cpu|cuda] [--out-json F] [--out-md F] (make bench: BENCH_ARGS).
+"""
+
+import argparse
+import json
+import logging
+import math
+import multiprocessing
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+# fairseq 0.12.2's Hydra 1.0-era config calls and its torch.cuda.amp.autocast call warn on every model build/update
+warnings.filterwarnings("ignore", category=UserWarning, message=r"(?s).*(hydra|[Cc]onfig[Ss]tore|version_base|strict flag|package header)")
+warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.cuda\.amp\.autocast")
+logging.getLogger("fairseq.utils").setLevel(logging.WARNING)  # "--user-dir ... has already been imported"
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGINS = REPO / "fairseq_plugins"
+COMMON_FLAGS = [
+    "--task", "translation", "--share-all-embeddings",
+    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+]
+PRELOAD = ["fairseq_plugins", "fairseq.options", "fairseq.optim", "fairseq.tasks.translation",
+           "fairseq.sequence_generator", "fairseq.dataclass.utils"]
+
+# The compared models: (name, architecture, extra flags) per size. The base relative arch pins Shaw et al.'s FFN
+# of 1024, so the Transformer and FLOATER get --encoder/decoder-ffn-embed-dim 1024 too: every model has the same
+# dims and differs only in its position scheme.
+BASE_FFN = ["--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024"]
+ARCHS = {
+    "base": {
+        "transformer": ("transformer_wmt_en_de", BASE_FFN),
+        "relative": ("relative_transformer_wmt_en_de", []),
+        "floater": ("floater_transformer_wmt_en_de", BASE_FFN),
+    },
+    "tiny": {
+        "transformer": ("transformer_tiny", []),
+        "relative": ("relative_transformer_tiny", []),
+        "floater": ("floater_transformer_tiny", []),
+    },
+}
+BASELINE = "transformer"
+
+
+def model_specs(dims, floater_every):
+    """name -> (arch, flags, kind) for the four compared models."""
+    archs = ARCHS[dims]
+    return {
+        "transformer": (*archs["transformer"], "transformer"),
+        "relative": (*archs["relative"], "relative"),
+        "floater": (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1"], "floater"),
+        f"floater_every{floater_every}": (
+            archs["floater"][0], archs["floater"][1] + ["--floater-update-every", str(floater_every)], "floater"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# building models, batches and steps through fairseq's own APIs
+
+
+def synthetic_dictionary(size):
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(size - len(d)):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def build(arch, flags, dictionary, device, seed):
+    """task, model, criterion and fairseq's Adam for one architecture, as fairseq-train builds them."""
+    from fairseq import optim, options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.tasks.translation import TranslationTask
+
+    argv = ["unused-data-dir", "--user-dir", str(PLUGINS), "--arch", arch, *COMMON_FLAGS, *flags]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv + (["--cpu"] if device == "cpu" else []))
+    task = TranslationTask(args, dictionary, dictionary)
+    torch.manual_seed(seed)
+    model = task.build_model(args).to(device)
+    criterion = task.build_criterion(args).to(device)
+    optimizer = optim.build_optimizer(convert_namespace_to_omegaconf(args).optimizer,
+                                      [p for p in model.parameters() if p.requires_grad])
+    return task, model, criterion, optimizer
+
+
+def random_batch(dictionary, bsz, length, device, seed):
+    """B sentences of `length` random tokens (last one EOS) on both sides, as fairseq's collater lays them out."""
+    g = torch.Generator().manual_seed(seed)
+    eos = dictionary.eos()
+
+    def sentences():
+        x = torch.randint(dictionary.nspecial, len(dictionary), (bsz, length), generator=g)
+        x[:, -1] = eos
+        return x
+
+    src, tgt = sentences(), sentences()
+    prev = torch.cat([torch.full((bsz, 1), eos), tgt[:, :-1]], dim=1)
+    sample = {
+        "id": torch.arange(bsz), "nsentences": bsz, "ntokens": bsz * length, "target": tgt,
+        "net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), length), "prev_output_tokens": prev},
+    }
+    from fairseq import utils
+
+    return utils.move_to_cuda(sample) if device == "cuda" else sample
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_update(entry, sample):
+    """One training update as fairseq's Trainer does it: zero grads, train_step (forward, criterion, backward),
+    gradients divided by the sample size, gradient norm (no clipping), Adam step, update counter."""
+    task, model, criterion, optimizer = entry["task"], entry["model"], entry["criterion"], entry["optimizer"]
+    optimizer.zero_grad()
+    _, sample_size, _ = task.train_step(sample, model, criterion, optimizer, entry["updates"])
+    optimizer.multiply_grads(1.0 / (sample_size or 1.0))
+    optimizer.clip_grad_norm(0.0)
+    optimizer.step()
+    entry["updates"] += 1
+    model.set_num_updates(entry["updates"])
+
+
+def num_solves(model):
+    """FLOATER's count of ODE solves so far (its flows' num_solves diagnostics)."""
+    return sum(getattr(m, "num_solves", 0) for m in model.modules())
+
+
+def timed(fn, device):
+    """(wall seconds, process CPU seconds) of fn()."""
+    sync(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    sync(device)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def load_average():
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return None
+
+
+def rotated(names, rep):
+    r = rep % len(names)
+    return names[r:] + names[:r]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# peak memory: one fresh process per (model, T)
+
+
+def _status_kb(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def memory_probe(job):
+    """Runs in a fresh forked process: peak memory (MiB) of building the model and two training updates."""
+    import gc
+
+    torch.set_num_threads(job["threads"])
+    device = job["device"]
+    dictionary = synthetic_dictionary(job["vocab"])
+    sample = random_batch(dictionary, job["bsz"], job["length"], device, seed=job["seed"])
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
+        base = _status_kb("VmRSS") * 1024
+    task, model, criterion, optimizer = build(job["arch"], job["flags"], dictionary, device, job["seed"])
+    entry = {"task": task, "model": model, "criterion": criterion, "optimizer": optimizer, "updates": 1}
+    for _ in range(2):
+        train_update(entry, sample)
+    sync(device)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else _status_kb("VmHWM") * 1024
+    return (peak - base) / 2**20
+
+
+def measure_memory(jobs):
+    """Each job in its own process, forked from a server that has imported the libraries and computed nothing;
+    yields (job, MiB)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    for job in jobs:
+        with ctx.Pool(1, maxtasksperchild=1) as pool:
+            yield job, pool.apply(memory_probe, (job,))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# profiles
+
+
+def profile_update(entry, sample, device, top):
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        train_update(entry, sample)
+        sync(device)
+    events = prof.key_averages()
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    total = sum(getattr(e, key) for e in events)
+    rows = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
+    out = {"total_self_ms": total / 1e3,
+           "top": [{"op": e.key, "self_ms": getattr(e, key) / 1e3, "calls": e.count,
+                    "share": getattr(e, key) / total if total else 0.0} for e in rows]}
+    # ranges the FLOATER module labels itself (record_function names containing "floater"), if any
+    out["floater_ranges_ms"] = {e.key: e.cpu_time_total / 1e3 for e in events if "floater" in e.key.lower()}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the run
+
+
+CLOCKS = ("wall", "cpu")
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def summarise(row, key, samples, clock):
+    """row[key_s] = {clock: samples}, row[key_{clock}_median_s] for both clocks, row[key_median_s] = the chosen one."""
+    row[f"{key}_s"] = {c: [t[i] for t in samples] for i, c in enumerate(CLOCKS)}
+    for c in CLOCKS:
+        row[f"{key}_{c}_median_s"] = median(row[f"{key}_s"][c])
+    row[f"{key}_median_s"] = row[f"{key}_{clock}_median_s"]
+
+
+def parse_per_length(text, lengths, name):
+    values = [int(x) for x in str(text).split(",")]
+    if len(values) == 1:
+        values = values * len(lengths)
+    if len(values) != len(lengths) or min(values) < 1:
+        raise SystemExit(f"--{name}: one positive integer or one per length ({len(lengths)})")
+    return dict(zip(lengths, values))
+
+
+def machine(device):
+    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "cores": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def run(args):
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    reps = parse_per_length(args.reps, lengths, "reps")
+    decode_reps = parse_per_length(args.decode_reps, lengths, "decode-reps")
+    specs = model_specs(args.dims, args.floater_every)
+    cached = f"floater_every{args.floater_every}"
+    names = [n for n in specs if n in args.models.split(",") or n == BASELINE
+             or (n == cached and "floater_cached" in args.models.split(","))]
+    if cached in names and "floater" not in names:
+        raise SystemExit("--models: floater_cached needs floater (its amortised update includes one exact update)")
+    decoded = [n for n in names if n != cached]  # the cached FLOATER is the same model at inference
+    dictionary = synthetic_dictionary(args.vocab)
+    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.silent else (lambda *a: None)
+    started = time.time()
+    loads = [load_average()]
+
+    rows = {(n, T): {"model": n, "arch": specs[n][0], "flags": specs[n][1], "length": T,
+                     "batch_sentences": max(1, args.tokens // T)} for n in names for T in lengths}
+
+    # 3. memory first, while this process has computed nothing (each probe is a fresh process anyway)
+    if not args.no_memory:
+        jobs = [dict(name=n, arch=specs[n][0], flags=specs[n][1], length=T, bsz=rows[n, T]["batch_sentences"],
+                     vocab=args.vocab, device=device, seed=args.seed, threads=torch.get_num_threads())
+                for T in lengths for n in names]
+        for job, mib in measure_memory(jobs):
+            rows[job["name"], job["length"]]["peak_memory_mib"] = mib
+            log(f"memory {job['name']:>18} T={job['length']:<4} {mib:9.1f} MiB")
+        loads.append(load_average())
+
+    entries = {}
+    for n in names:
+        arch, flags, kind = specs[n]
+        task, model, criterion, optimizer = build(arch, flags, dictionary, device, args.seed)
+        entries[n] = {"task": task, "model": model, "criterion": criterion, "optimizer": optimizer,
+                      "updates": 1, "kind": kind}
+    params = {n: sum(p.numel() for p in e["model"].parameters()) for n, e in entries.items()}
+
+    profiles = {}
+    for T in lengths:
+        bsz = rows[names[0], T]["batch_sentences"]
+        sample = random_batch(dictionary, bsz, T, device, seed=args.seed + T)
+        times = {n: [] for n in names}  # (wall, cpu) pairs
+        solve_times = []  # the cached model's updates that re-solved (excluded from its cached median)
+        for _ in range(args.warmup):
+            for n in names:
+                train_update(entries[n], sample)
+        for rep in range(reps[T]):
+            for n in rotated(names, rep):
+                e = entries[n]
+                solves = num_solves(e["model"])
+                t = timed(lambda: train_update(e, sample), device)
+                if n == cached and num_solves(e["model"]) > solves:
+                    solve_times.append(t)
+                else:
+                    times[n].append(t)
+            loads.append(load_average())
+        for n in names:
+            summarise(rows[n, T], "train_update", times[n], args.clock)
+        if cached in names:
+            row, every = rows[cached, T], args.floater_every
+            row["train_update_resolve_s"] = {c: [t[i] for t in solve_times] for i, c in enumerate(CLOCKS)}
+            for suffix in ("", "_wall", "_cpu"):  # amortised: one exact update in N
+                exact = rows["floater", T][f"train_update{suffix}_median_s"]
+                row[f"train_update_cached{suffix}_median_s"] = row[f"train_update{suffix}_median_s"]
+                row[f"train_update{suffix}_median_s"] = ((every - 1) * row[f"train_update{suffix}_median_s"]
+                                                         + exact) / every
+            # the ODE's share of an exact update: all that the cached update (same model) does not do
+            rows["floater", T]["ode_share"] = (
+                1 - row["train_update_cached_median_s"] / rows["floater", T]["train_update_median_s"])
+        log(f"train  T={T:<4} B={bsz:<4} " + "  ".join(
+            f"{n} {rows[n, T]['train_update_median_s'] * 1e3:.1f} ms" for n in names)
+            + (f"  (cached {rows[cached, T]['train_update_cached_median_s'] * 1e3:.1f} ms)" if cached in names else ""))
+
+        if args.profile_length == T:
+            for n in names:
+                profiles[n] = profile_update(entries[n], sample, device, args.profile_top)
+            profiles["length"] = T
+
+        # 2. decoding
+        if not args.no_decode:
+            from fairseq.sequence_generator import SequenceGenerator
+
+            dbsz = max(1, args.decode_tokens // T)
+            src = random_batch(dictionary, dbsz, T, device, seed=args.seed + 7 * T)
+            src = {"net_input": {k: src["net_input"][k] for k in ("src_tokens", "src_lengths")}}
+            generators = {n: SequenceGenerator([entries[n]["model"]], dictionary, beam_size=4, max_len_a=0,
+                                               max_len_b=T, min_len=T) for n in decoded}
+            out_len = {}
+
+            def decode(n):
+                hypos = generators[n].generate([entries[n]["model"]], src)
+                out_len[n] = {len(h[0]["tokens"]) for h in hypos}
+
+            dtimes = {n: [] for n in decoded}
+            for n in decoded:
+                entries[n]["model"].eval()  # once: FLOATER's eval cache lives until the next train()/eval()
+                decode(n)  # warm-up (FLOATER fills its eval cache here)
+            for rep in range(decode_reps[T]):
+                for n in rotated(decoded, rep):
+                    dtimes[n].append(tuple(t / dbsz for t in timed(lambda: decode(n), device)))
+                loads.append(load_average())
+            for n in decoded:
+                assert out_len[n] == {T + 1}, f"{n}: output lengths {out_len[n]}, expected {T + 1}"
+                rows[n, T]["decode_sentences"] = dbsz
+                summarise(rows[n, T], "decode_per_sentence", dtimes[n], args.clock)
+                entries[n]["model"].train()
+            log(f"decode T={T:<4} B={dbsz:<4} " + "  ".join(
+                f"{n} {rows[n, T]['decode_per_sentence_median_s'] * 1e3:.1f} ms/sent" for n in decoded))
+
+    # ratios to the Transformer
+    for (n, T), row in rows.items():
+        base = rows[BASELINE, T]
+        for key, ratio in (("train_update_median_s", "train_ratio"), ("decode_per_sentence_median_s", "decode_ratio"),
+                           ("peak_memory_mib", "memory_ratio")):
+            if row.get(key) is not None and base.get(key):
+                row[ratio] = row[key] / base[key]
+
+    settings = {k: v for k, v in vars(args).items() if k not in ("out_json", "out_md", "silent")}
+    return {
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+        "machine": machine(device),
+        "settings": settings,
+        "parameters": params,
+        "load_average": {"samples": [x for x in loads if x], "start": loads[0], "end": load_average()},
+        "wall_s": time.time() - started,
+        "memory_method": ("torch.cuda.max_memory_allocated in a fresh process" if device == "cuda" else
+                          "peak resident set (VmHWM, reset via /proc/self/clear_refs) minus the resident set just "
+                          "before building the model, one fresh forked process per (model, T)"),
+        "rows": [rows[n, T] for T in lengths for n in names],
+        "profiles": profiles,
+        "goals": goals(rows, lengths, cached),
+    }
+
+
+GOALS = [  # (model, measure, bound, lengths: None = every length)
+    ("relative", "train_ratio", 1.05, None),
+    ("relative", "decode_ratio", 1.10, None),
+    ("relative", "memory_ratio", 1.10, [256]),
+    ("floater", "train_ratio", 1.15, None),
+    ("CACHED", "train_ratio", 1.03, None),
+    ("floater", "decode_ratio", 1.02, None),
+]
+
+
+def goals(rows, lengths, cached):
+    out = []
+    for model, measure, bound, at in GOALS:
+        model = cached if model == "CACHED" else model
+        for T in (at if at is not None else lengths):
+            value = rows.get((model, T), {}).get(measure)
+            if value is not None:
+                out.append({"model": model, "measure": measure, "length": T, "bound": bound, "value": value,
+                            "met": value <= bound})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# markdown
+
+
+def fmt(x, unit_scale=1.0, digits=1):
+    return "—" if x is None else f"{x * unit_scale:.{digits}f}"
+
+
+def ratio(x):
+    return "—" if x is None else f"{x:.3f}×"
+
+
+def markdown(res):
+    s, m = res["settings"], res["machine"]
+    cached = f"floater_every{s['floater_every']}"
+    other = "wall" if s["clock"] == "cpu" else "cpu"
+    lines = [
+        "# Cost of relative positions and FLOATER, as ratios to fairseq's Transformer",
+        "",
+        f"Command: `{res['command']}`",
+        "",
+        f"Machine: {m.get('gpu', m.get('cpu', '?'))}; {m['cores']} CPU cores, {m['threads']} torch threads, "
+        f"torch {m['torch']}, Python {m['python']}, device `{s['device']}`. Load average (1 min) during the run: "
+        + _load_summary(res["load_average"]) + f"; wall time {res['wall_s'] / 60:.1f} min.",
+        "",
+        f"Models ({s['dims']} dims, vocabulary {s['vocab']}, shared embeddings, fairseq's Adam, label-smoothed CE): "
+        + "; ".join(f"`{r['model']}` = `--arch {r['arch']}{' ' + ' '.join(r['flags']) if r['flags'] else ''}`"
+                    for r in res["rows"] if r["length"] == res["rows"][0]["length"]) + ".",
+        "",
+        f"Training: {s['tokens']} tokens per batch (B = {s['tokens']} // T sentences of T source and T target "
+        f"tokens), {s['warmup']} warm-up updates, then {s['reps']} timed updates of each model (per length), "
+        "round-robin; medians. "
+        f"`{cached}` is the amortised update ((N − 1)·cached + exact) / N with N = {s['floater_every']}. "
+        f"Decoding: beam 4, min_len = max_len = T, {s['decode_tokens']} // T sentences per call, "
+        f"{s['decode_reps']} timed calls of each model after one warm-up, round-robin; milliseconds per sentence. "
+        f"Peak memory: {res['memory_method']}.",
+        "",
+        f"Times are medians of {'process CPU time' if s['clock'] == 'cpu' else 'wall time'} (the ratios use them); "
+        f"the {'wall' if s['clock'] == 'cpu' else 'CPU'}-time medians are listed beside them.",
+        "",
+        f"| model | T | B | train update | train ms | train ms ({other}) | decode | decode ms/sent | "
+        f"decode ms/sent ({other}) | peak memory | peak MiB | ODE share |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in res["rows"]:
+        lines.append(
+            f"| {r['model']} | {r['length']} | {r['batch_sentences']} | {ratio(r.get('train_ratio'))} | "
+            f"{fmt(r.get('train_update_median_s'), 1e3)} | {fmt(r.get(f'train_update_{other}_median_s'), 1e3)} | "
+            f"{ratio(r.get('decode_ratio'))} | {fmt(r.get('decode_per_sentence_median_s'), 1e3)} | "
+            f"{fmt(r.get(f'decode_per_sentence_{other}_median_s'), 1e3)} | {ratio(r.get('memory_ratio'))} | "
+            f"{fmt(r.get('peak_memory_mib'), 1.0, 0)} | "
+            f"{'—' if r.get('ode_share') is None else format(100 * r['ode_share'], '.0f') + '%'} |")
+    lines += ["", "Goals (ratio to the Transformer at the same length):", "",
+              "| model | measure | T | bound | measured | met |", "|---|---|---:|---:|---:|---|"]
+    for g in res["goals"]:
+        lines.append(f"| {g['model']} | {g['measure']} | {g['length']} | ≤ {g['bound']:.2f}× | "
+                     f"{g['value']:.3f}× | {'yes' if g['met'] else 'no'} |")
+    if res["profiles"]:
+        T = res["profiles"]["length"]
+        lines += ["", f"Profiles: torch.profiler, one training update at T = {T}, top operators by self time:", ""]
+        for name, p in res["profiles"].items():
+            if name == "length":
+                continue
+            ops = ", ".join(f"{o['op']} {100 * o['share']:.0f}%" for o in p["top"][:8])
+            extra = "".join(f"; range `{k}` {v:.0f} ms" for k, v in p.get("floater_ranges_ms", {}).items())
+            lines.append(f"- `{name}` ({p['total_self_ms']:.0f} ms{extra}): {ops}")
+    return "\n".join(lines) + "\n"
+
+
+def _load_summary(load):
+    samples = [x[0] for x in load["samples"]]
+    if not samples:
+        return "unknown"
+    return f"median {statistics.median(samples):.2f} (min {min(samples):.2f}, max {max(samples):.2f})"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny dims, two short lengths, few repetitions (a smoke run of well under a minute on CPU)")
+    p.add_argument("--dims", choices=tuple(ARCHS), default="base")
+    p.add_argument("--lengths", default="32,128,256,512", help="comma-separated sequence lengths T")
+    p.add_argument("--tokens", type=int, default=4096, help="tokens per training batch on each side (B = tokens // T)")
+    p.add_argument("--decode-tokens", type=int, default=1024, help="source tokens per decoding call (B = this // T)")
+    p.add_argument("--vocab", type=int, default=32768, help="size of the synthetic joint dictionary")
+    p.add_argument("--warmup", type=int, default=2, help="untimed updates of each model per length")
+    p.add_argument("--reps", default="7", help="timed updates of each model: one number or one per length")
+    p.add_argument("--decode-reps", default="3", help="timed decoding calls of each model: one number or one per length")
+    p.add_argument("--models", default="relative,floater,floater_cached",
+                   help="compared with the transformer: any of relative, floater, floater_cached (needs floater)")
+    p.add_argument("--floater-every", type=int, default=100, help="N of the cached FLOATER (--floater-update-every N)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--clock", choices=CLOCKS, default=None,
+                   help="the clock of the ratios: wall time, or this process's CPU time (default: cpu on --device "
+                        "cpu, where a shared machine's load swings the wall time; wall on cuda). Both are recorded")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    p.add_argument("--no-decode", action="store_true", help="skip decoding")
+    p.add_argument("--profile-length", type=int, default=0, help="profile one update of each model at this T (0: none)")
+    p.add_argument("--profile-top", type=int, default=15)
+    p.add_argument("--out-json", default=str(REPO / "results" / "bench.json"))
+    p.add_argument("--out-md", default=str(REPO / "results" / "bench.md"))
+    p.add_argument("--silent", action="store_true", help="no progress lines on stderr")
+    args = p.parse_args(argv)
+    if args.quick:
+        for name, value in (("dims", "tiny"), ("threads", 1), ("lengths", "16,32"), ("tokens", 256), ("decode_tokens", 64),
+                            ("vocab", 64), ("warmup", 1), ("reps", "3"), ("decode_reps", "2")):
+            if getattr(args, name) == p.get_default(name):
+                setattr(args, name, value)
+    if args.floater_every < 2:
+        raise SystemExit("--floater-every must be >= 2 (N = 1 is the exact FLOATER, always measured)")
+    if args.clock is None:
+        args.clock = "cpu" if args.device == "cpu" else "wall"
+    res = run(args)
+    for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, markdown(res))):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()
