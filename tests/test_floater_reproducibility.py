@@ -1,97 +1,135 @@
 """FLOATER with --floater-update-every N > 1: between two re-solves, training reuses the biases Δb(t_i) of the
-last re-solve, detached. Those cached biases must be a function of the training state only, so that a run's
-result does not depend on its history: not on a kill and resume (the cache must survive the checkpoint), not
-on validation in between (evaluation must not replace the training cache), not on the lengths of the batches
-that happen to come later (positions past the re-solve's batch length must come from the re-solve's θ).
-Unit-level counterparts of test_resume.py's and test_distributed.py's FLOATER runs, on one FloaterFlow."""
+last re-solve, detached. Those cached biases must be a function of the training state only, so that what an
+update computes does not depend on the run's history: not on a kill and resume (the cache must survive the
+checkpoint), not on validation in between (evaluation must not replace the training cache), not on the lengths
+of the batches that came before (positions past the re-solve's batch length must come from the re-solve's θ).
+Model-level counterparts of test_resume.py's and test_distributed.py's FLOATER runs: the floater_transformer_tiny
+model driven as fairseq's trainer drives it (set_num_updates, train/eval, state_dict/load_state_dict), with a
+fixed pseudo-random parameter change standing in for the optimizer step."""
+import argparse
 import copy
+from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
+from fairseq import utils
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-from fairseq_plugins.modules.floater import FloaterFlow
+utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 
-DIM, K, N = 8, 3, 4  # state width, driven projections, --floater-update-every
+ARCH, N, VOCAB = "floater_transformer_tiny", 4, 24
 
 
-def make_flow(seed=0):
+class Task:
+    def __init__(self):
+        d = Dictionary()
+        for i in range(VOCAB - len(d)):
+            d.add_symbol(f"w{i}")
+        self.source_dictionary = self.target_dictionary = d
+
+
+TASK = Task()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def build(seed=0):
+    """A floater_transformer_tiny re-solving every N updates, with a non-zero flow (a new one has h ≡ 0)."""
     torch.manual_seed(seed)
-    flow = FloaterFlow(DIM, hidden=DIM, dt=0.1, method="rk4", update_every=N)
-    with torch.no_grad():  # a trained-looking flow (a new one starts with h ≡ 0)
-        flow.dynamics.fc2.weight.normal_(0, 0.3)
-        flow.dynamics.fc2.bias.normal_(0, 0.3)
-    return flow.train()
+    args = argparse.Namespace(arch=ARCH, dropout=0.0, floater_update_every=N)
+    ARCH_CONFIG_REGISTRY[ARCH](args)
+    model = ARCH_MODEL_REGISTRY[ARCH].build_model(args, TASK)
+    optimizer_step(model, seed=100 + seed, scale=0.3)
+    return model.train()
 
 
-@pytest.fixture
-def biases():
-    torch.manual_seed(1)
-    return [nn.Parameter(torch.randn(DIM)) for _ in range(K)]  # b(0) of the driven projections
+def optimizer_step(model, seed, scale=0.02):
+    """What fairseq's Adam does to the parameters between two forwards (through .data), made reproducible."""
+    gen = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.data.add_(scale * torch.randn(p.shape, generator=gen))
 
 
-def optimizer_step(flow, biases):
-    """What fairseq's Adam does between two forwards: move every parameter through .data."""
-    for p in list(flow.parameters()) + biases:
-        p.data.add_(0.05 * torch.randn_like(p))
+def batch(src_len, tgt_len, seed, size=3):
+    gen = torch.Generator().manual_seed(seed)
+    low = TASK.source_dictionary.nspecial
+    return {"src_tokens": torch.randint(low, VOCAB, (size, src_len), generator=gen),
+            "src_lengths": torch.full((size,), src_len),
+            "prev_output_tokens": torch.randint(low, VOCAB, (size, tgt_len), generator=gen)}
 
 
-def test_cached_biases_survive_a_checkpoint(biases):
-    """The state at update 5 (re-solved at 4, cached until 8), saved and loaded into a new flow (a resume),
-    gives the same biases as the flow that was never interrupted, and again no gradient path to θ."""
-    flow = make_flow()
-    flow.set_num_updates(4)
-    flow(biases, 12)  # re-solve
-    optimizer_step(flow, biases)
-    flow.set_num_updates(5)
-    state = copy.deepcopy(flow.state_dict())
-    uninterrupted = flow(biases, 12)
-    assert not uninterrupted.requires_grad  # cached: θ gets no gradient on update 5
+SHORT, LONG = batch(5, 4, seed=1), batch(20, 18, seed=2)
 
-    resumed = make_flow(seed=2)
+
+def update(model, num_updates, sample):
+    """One training forward and backward at update counter num_updates: (logits, {name: grad or None})."""
+    model.set_num_updates(num_updates)
+    model.zero_grad(set_to_none=True)
+    logits = model(**sample)[0]
+    logits.float().pow(2).mean().backward()
+    return logits.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+
+
+def assert_same_update(a, b, atol=0.0):
+    (logits_a, grads_a), (logits_b, grads_b) = a, b
+    close = (lambda x, y: torch.equal(x, y)) if atol == 0 else (lambda x, y: torch.allclose(x, y, atol=atol, rtol=0))
+    assert close(logits_a, logits_b), (logits_a - logits_b).abs().max()
+    assert {n for n, g in grads_a.items() if g is None} == {n for n, g in grads_b.items() if g is None}, \
+        "a different set of parameters gets a gradient (e.g. the flow re-solved in one run only)"
+    differ = [n for n in grads_a if grads_a[n] is not None and not close(grads_a[n], grads_b[n])]
+    assert not differ, differ[:5]
+
+
+def test_cached_update_is_the_same_after_a_resume():
+    """Re-solve at update 4, then the state at update 5 (cached until 8) saved and loaded into a new model
+    (fairseq's resume: load_state_dict, then set_num_updates): update 5 computes exactly what the
+    uninterrupted model computes, and no gradient reaches the flow in either."""
+    model = build()
+    update(model, 4, SHORT)
+    optimizer_step(model, seed=1)
+    state = copy.deepcopy(model.state_dict())
+    uninterrupted = update(model, 5, SHORT)
+
+    resumed = build(seed=7)  # other initial weights: everything must come from the checkpoint
     resumed.load_state_dict(state)
-    resumed.set_num_updates(5)  # what fairseq's trainer does after loading
-    out = resumed(biases, 12)
-    assert not out.requires_grad, "the resumed run re-solved (θ gets a gradient) where the original did not"
-    assert torch.equal(out, uninterrupted)
+    assert_same_update(update(resumed, 5, SHORT), uninterrupted)
 
 
-def test_validation_between_updates_leaves_training_biases_alone(biases):
-    """Validation (eval mode) at update 5 must not change what training uses at update 6."""
-    runs = []
+def test_validation_does_not_change_the_next_update():
+    """A validation pass (eval mode, no gradient) between updates 4 and 5 leaves update 5 as it was."""
+    results = []
     for validate in (False, True):
-        flow = make_flow()
-        bs = [nn.Parameter(b.detach().clone()) for b in biases]
-        flow.set_num_updates(4)
-        flow(bs, 12)
-        torch.manual_seed(5)
-        optimizer_step(flow, bs)
-        flow.set_num_updates(5)
+        model = build()
+        update(model, 4, SHORT)
+        optimizer_step(model, seed=1)
         if validate:
-            flow.eval()
+            model.set_num_updates(5)
+            model.eval()
             with torch.no_grad():
-                flow(bs, 12)
-            flow.train()
-        runs.append(flow(bs, 12))
-    assert torch.equal(runs[0], runs[1])
+                model(**LONG)
+            model.train()
+        results.append(update(model, 5, SHORT))
+    assert_same_update(*results)
 
 
-def test_longer_batch_between_resolves_uses_the_resolved_flow(biases):
-    """Re-solve at update 4 on a batch of 8 positions, then a batch of 20 at update 5: positions 8..19 must
-    come from the θ of the re-solve, as they would had the update-4 batch been the longer one (fixed-grid RK4:
-    equal up to the float rounding of the step times, 1e-5 here). Otherwise the biases depend on the order of
-    batch lengths, which differs between one process and two ranks, or with another batch size."""
-    flow = make_flow()
-    flow.set_num_updates(4)
-    flow(biases, 8)
-    theta_at_resolve = copy.deepcopy(flow.dynamics.state_dict())
-    b0_at_resolve = [b.detach().clone() for b in biases]
-    optimizer_step(flow, biases)
-    flow.set_num_updates(5)
-    used = flow(biases, 20)
-
-    reference = make_flow()
-    reference.dynamics.load_state_dict(theta_at_resolve)
-    reference.set_num_updates(4)
-    expected = reference(b0_at_resolve, 20).detach()
-    assert torch.allclose(used, expected, atol=1e-5, rtol=1e-5), (used - expected).abs().max()
+def test_cached_biases_do_not_depend_on_the_resolving_batch_length():
+    """Update 5 on a long batch gives the same result whether the re-solve at update 4 saw a short batch (5
+    source / 4 target positions) or the long one: positions past the short batch come from the θ of the
+    re-solve, not from the θ after the optimizer step. Equal up to rounding only: extending the grid from its
+    last cached point takes the same RK4 steps as one solve from 0, but the step times are rounded differently
+    (about 1e-6 in the biases); 1e-4 on logits of order 1. One process with --update-freq 2 and two ranks
+    see the same batches in different pairings, so without this they train differently."""
+    results = []
+    for resolved_on in (SHORT, LONG):
+        model = build()
+        update(model, 4, resolved_on)
+        optimizer_step(model, seed=1)
+        results.append(update(model, 5, LONG))
+    assert_same_update(*results, atol=1e-4)
