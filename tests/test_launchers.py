@@ -10,6 +10,8 @@ import pytest
 from conftest import BIN, run
 
 TRAIN = ["bash", "scripts/train.sh", "toy_recipe", "dataset.max_tokens=1024", "dataset.max_valid_steps=1"]
+# one intra-op thread: on a machine shared with other work, two threads per process run many times slower
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +19,7 @@ def toy_run(toy_data, tmp_path_factory):
     """Two updates; checkpoint_last.pt truncated as if the job had been killed while fairseq copied it; the
     same command to four updates. The toy config keeps update checkpoints every 2 updates, two of them."""
     save = tmp_path_factory.mktemp("toy_run") / "toy_recipe"
-    envs = {"CPU": "1", "SAVE_DIR": str(save)}
+    envs = {"CPU": "1", "SAVE_DIR": str(save), **ONE_THREAD}
     args = TRAIN + [f"task.data={toy_data / 'bin'}"]
     first = run(args + ["optimization.max_update=2"], env_extra=envs).stdout
     assert (save / "checkpoint_last.pt").is_file() and (save / "checkpoint_1_2.pt").is_file()
@@ -71,7 +73,7 @@ def eval_data(toy_data, tmp_path_factory):
 def test_evaluate_sh_averages_generates_scores(toy_run, eval_data, tmp_path):
     save = toy_run[0]
     results = tmp_path / "results"
-    envs = {"SAVE_DIR": str(save), "RESULTS_DIR": str(results)}
+    envs = {"SAVE_DIR": str(save), "RESULTS_DIR": str(results), **ONE_THREAD}
     run(["bash", "scripts/evaluate.sh", "toy_recipe", "--data-dir", str(eval_data), "--cpu"], env_extra=envs)
     result = json.loads((results / "toy_recipe.json").read_text())
     # the config keeps 2 update checkpoints, so they are what is averaged
