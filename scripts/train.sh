@@ -21,9 +21,10 @@
 #   CPU=1            train on CPU (also implied by the override common.cpu=true): fp16 off, one process
 #                    (or, under LAUNCHER=srun, one gloo process per Slurm task)
 #   EXPERIMENT       experiment name (default: the config name); SAVE_DIR overrides checkpoints/<experiment>
-#   LAUNCHER=srun    used by scripts/train.sbatch: one process per Slurm task (srun), world size = SLURM_NTASKS,
-#                    ranks from fairseq's Slurm detection (SLURM_PROCID / SLURM_LOCALID); PORT sets the
-#                    rendezvous port (default 10000 + SLURM_JOB_ID mod 20000)
+#   LAUNCHER=srun    used by scripts/train.sbatch: fairseq-hydra-train in every Slurm task (srun), ranks from
+#                    fairseq's Slurm detection: one task per GPU (world size = SLURM_NTASKS; SLURM_PROCID,
+#                    SLURM_LOCALID), or one task per node that starts a process per GPU (world size = nodes x
+#                    GPUs); PORT sets the rendezvous port (default 10000 + SLURM_JOB_ID mod 20000)
 set -euo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: $0 CONFIG [hydra overrides ...]" >&2; exit 2
@@ -61,6 +62,10 @@ LAUNCH=()
 EXTRA=()
 if [ "${LAUNCHER:-local}" = srun ]; then
   WORLD=${SLURM_NTASKS:?LAUNCHER=srun needs a Slurm allocation (SLURM_NTASKS unset)}
+  if [ "$CPU" != 1 ] && [ "$WORLD" = "${SLURM_NNODES:-1}" ]; then
+    # one task per node: fairseq's Slurm detection then starts one process per GPU of each node itself
+    WORLD=$(( ${SLURM_NNODES:-1} * $("$PY" -c 'import torch; print(torch.cuda.device_count())') ))
+  fi
   PORT=${PORT:-$((10000 + ${SLURM_JOB_ID:-0} % 20000))}
   LAUNCH=(srun --kill-on-bad-exit=1 --ntasks="$WORLD")
   EXTRA+=("distributed_training.distributed_port=$PORT")
