@@ -55,7 +55,7 @@ COMMON_FLAGS = [
     "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
 ]
 PRELOAD = ["fairseq_plugins", "fairseq.options", "fairseq.optim", "fairseq.tasks.translation",
-           "fairseq.sequence_generator", "fairseq.dataclass.utils"]
+           "fairseq.sequence_generator", "torch._dynamo"]  # torch.optim imports torch._dynamo on first use
 
 # The compared models: (name, architecture, extra flags) per size. The base relative arch pins Shaw et al.'s FFN
 # of 1024, so the Transformer and FLOATER get --encoder/decoder-ffn-embed-dim 1024 too: every model has the same
@@ -104,7 +104,6 @@ def synthetic_dictionary(size):
 def build(arch, flags, dictionary, device, seed):
     """task, model, criterion and fairseq's Adam for one architecture, as fairseq-train builds them."""
     from fairseq import optim, options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.tasks.translation import TranslationTask
 
     argv = ["unused-data-dir", "--user-dir", str(PLUGINS), "--arch", arch, *COMMON_FLAGS, *flags]
@@ -113,8 +112,7 @@ def build(arch, flags, dictionary, device, seed):
     torch.manual_seed(seed)
     model = task.build_model(args).to(device)
     criterion = task.build_criterion(args).to(device)
-    optimizer = optim.build_optimizer(convert_namespace_to_omegaconf(args).optimizer,
-                                      [p for p in model.parameters() if p.requires_grad])
+    optimizer = optim.build_optimizer(args, [p for p in model.parameters() if p.requires_grad])
     return task, model, criterion, optimizer
 
 
@@ -218,14 +216,13 @@ def memory_probe(job):
     return (peak - base) / 2**20
 
 
-def measure_memory(jobs):
+def measure_memory(jobs, workers):
     """Each job in its own process, forked from a server that has imported the libraries and computed nothing;
-    yields (job, MiB)."""
+    `workers` of them at a time (they measure memory, not time). Yields (job, MiB) in order."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
-    for job in jobs:
-        with ctx.Pool(1, maxtasksperchild=1) as pool:
-            yield job, pool.apply(memory_probe, (job,))
+    with ctx.Pool(workers, maxtasksperchild=1) as pool:
+        yield from zip(jobs, pool.imap(memory_probe, jobs))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -323,7 +320,7 @@ def run(args):
         jobs = [dict(name=n, arch=specs[n][0], flags=specs[n][1], length=T, bsz=rows[n, T]["batch_sentences"],
                      vocab=args.vocab, device=device, seed=args.seed, threads=torch.get_num_threads())
                 for T in lengths for n in names]
-        for job, mib in measure_memory(jobs):
+        for job, mib in measure_memory(jobs, args.memory_workers):
             rows[job["name"], job["length"]]["peak_memory_mib"] = mib
             log(f"memory {job['name']:>18} T={job['length']:<4} {mib:9.1f} MiB")
         loads.append(load_average())
@@ -554,6 +551,7 @@ def main(argv=None):
                         "cpu, where a shared machine's load swings the wall time; wall on cuda). Both are recorded")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    p.add_argument("--memory-workers", type=int, default=2, help="memory probes run at the same time")
     p.add_argument("--no-decode", action="store_true", help="skip decoding")
     p.add_argument("--profile-length", type=int, default=0, help="profile one update of each model at this T (0: none)")
     p.add_argument("--profile-top", type=int, default=15)

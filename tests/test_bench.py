@@ -1,0 +1,54 @@
+"""scripts/bench.py --quick: a well-formed report with every model and length, positive finite figures (never
+a bound on a timing: the machine running the tests is shared)."""
+import json
+import math
+import sys
+
+from conftest import run
+
+QUICK_LENGTHS = [16, 32]  # bench.py --quick
+MODELS = ["transformer", "relative", "floater", "floater_every100"]
+
+
+def test_quick_benchmark_reports_every_model_and_length(tmp_path):
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    proc = run([sys.executable, "scripts/bench.py", "--quick", "--silent",
+                "--out-json", str(out_json), "--out-md", str(out_md)])
+    res = json.loads(out_json.read_text())
+    md = out_md.read_text()
+    assert md.strip() in proc.stdout  # the report is also printed
+
+    rows = {(r["model"], r["length"]): r for r in res["rows"]}
+    assert set(rows) == {(m, T) for m in MODELS for T in QUICK_LENGTHS}
+
+    def positive(x):
+        return isinstance(x, float) and math.isfinite(x) and x > 0
+
+    for (model, T), r in rows.items():
+        assert r["batch_sentences"] == 256 // T
+        assert positive(r["peak_memory_mib"]) and positive(r["memory_ratio"])
+        assert positive(r["train_update_median_s"]) and positive(r["train_ratio"])
+        for clock in ("wall", "cpu"):
+            assert positive(r[f"train_update_{clock}_median_s"])
+        if model == "floater_every100":  # the same model as floater at inference: not decoded twice
+            assert "decode_per_sentence_median_s" not in r
+            assert positive(r["train_update_cached_median_s"])
+        else:
+            assert r["decode_sentences"] == 64 // T
+            assert positive(r["decode_per_sentence_median_s"]) and positive(r["decode_ratio"])
+            assert all(positive(t) for t in r["decode_per_sentence_s"]["wall"])
+        assert len(r["train_update_s"]["wall"]) >= 1 and all(positive(t) for t in r["train_update_s"]["wall"])
+        if model == "transformer":
+            assert r["train_ratio"] == r["decode_ratio"] == r["memory_ratio"] == 1.0
+        # one markdown table row per (model, T), ratios beside the absolute medians
+        line = next(x for x in md.splitlines() if x.startswith(f"| {model} | {T} | "))
+        assert line.count("|") == 13 and "×" in line
+    assert math.isfinite(rows["floater", 16]["ode_share"])
+
+    assert res["settings"]["quick"] and res["settings"]["dims"] == "tiny"
+    assert res["machine"]["torch"] and res["machine"]["threads"] >= 1
+    assert res["command"].startswith("scripts/bench.py --quick")
+    assert res["load_average"]["samples"]
+    assert {g["model"] for g in res["goals"]} == {"relative", "floater", "floater_every100"}
+    for heading in ("Command: `scripts/bench.py --quick", "Machine:", "Goals", "Peak memory:"):
+        assert heading in md
