@@ -1,5 +1,6 @@
-"""FLOATER (fairseq_plugins/modules/floater.py, models/floater_transformer.py): the grid solve, the warm-start
-identity with fairseq's Transformer, caching and its gradients, incremental decoding, any length, flags."""
+"""FLOATER (fairseq_plugins/modules/floater.py, models/floater_transformer.py): the grid solve, all flows in one
+solve (latent RK4 and its hand-written backward against autograd through torchdiffeq), the warm-start identity with
+fairseq's Transformer, caching and its gradients, incremental decoding, any length, flags."""
 import argparse
 import copy
 from pathlib import Path
@@ -18,6 +19,7 @@ from fairseq_plugins.modules.floater import (  # noqa: E402
     FloaterDynamics,
     FloaterFlow,
     FloaterSolverError,
+    solve_flows,
     solve_on_grid,
 )
 
@@ -131,12 +133,12 @@ def test_grid_solve_continues_exactly_from_a_later_point():
     torch.testing.assert_close(tail, full[11:], rtol=0, atol=1e-12)
 
 
-def test_one_solve_per_flow_per_forward_with_every_block_in_one_state(monkeypatch):
+def test_one_solve_per_forward_for_all_flows_with_every_block_in_one_state(monkeypatch):
     model = floater_model()
     calls = count_solves(monkeypatch)
     model.train()
     model(*batch())
-    assert len(calls) == 3  # encoder flow, decoder flow, decoder cross flow
+    assert len(calls) == 1  # encoder flow, decoder flow and decoder cross flow together
     enc, dec = model.encoder, model.decoder
     assert [type(f) for f in (enc.floater_flow, dec.floater_flow, dec.floater_cross_flow)] == [FloaterFlow] * 3
     # the state stacks every block's initial values: 2 blocks × (q, k, v) | (q, k, v, cross q) | (cross k, v)
@@ -264,17 +266,16 @@ def test_long_inputs_extend_the_cache_and_match_a_fresh_solve(monkeypatch):
     model = floater_model().eval()
     src, lengths, prev = batch(src_len=8)
     model(src, lengths, prev)  # cache holds 64 rows
-    cached = model.encoder.floater_flow._cache.delta.size(0)
+    cached = model.floater_positions._cache.delta[0].size(0)
     long_src, long_prev = torch.randint(4, VOCAB, (2, 4 * cached)), torch.randint(4, VOCAB, (2, 4 * cached))
     calls = count_solves(monkeypatch)
     out = model(long_src, long_src.ne(PAD).sum(1), long_prev)[0]
-    assert len(calls) == 3  # one extension per flow
+    assert len(calls) == 1  # one extension, all flows
     fresh = copy.deepcopy(model)
     for flow in flows(fresh):
         flow.invalidate_cache()
     torch.testing.assert_close(out, fresh(long_src, long_src.ne(PAD).sum(1), long_prev)[0], rtol=0, atol=1e-8)
-    flow = model.encoder.floater_flow
-    assert flow._cache.delta.size(0) >= 4 * cached
+    assert all(delta.size(0) >= 4 * cached for delta in model.floater_positions._cache.delta)
 
 
 # -- caching and gradients -----------------------------------------------------------------------------
@@ -284,9 +285,9 @@ def test_eval_cache_no_solve_until_parameters_change(monkeypatch):
     src, lengths, prev = batch()
     calls = count_solves(monkeypatch)
     first = model(src, lengths, prev)[0]
-    assert len(calls) == 3
+    assert len(calls) == 1
     torch.testing.assert_close(model(src, lengths, prev)[0], first, rtol=0, atol=0)
-    assert len(calls) == 3  # second forward: no ODE work
+    assert len(calls) == 1  # second forward: no ODE work
     # a parameter update (in place, as optimizers do) invalidates the cache
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model.train()
@@ -295,7 +296,7 @@ def test_eval_cache_no_solve_until_parameters_change(monkeypatch):
     model.eval()
     calls.clear()
     model(src, lengths, prev)
-    assert len(calls) == 3
+    assert len(calls) == 1
     # so do fairseq's set_num_updates (its Adam edits weights through .data, which keeps _version) ...
     def edit_through_data_then_set_num_updates():
         model.encoder.floater_flow.dynamics.fc2.bias.data.add_(0.01)
@@ -308,7 +309,7 @@ def test_eval_cache_no_solve_until_parameters_change(monkeypatch):
         assert len(calls) == 0
         change()
         model(src, lengths, prev)
-        assert len(calls) == 3
+        assert len(calls) == 1
 
 
 def train_updates(model, n_updates, seed=0):
@@ -355,9 +356,10 @@ def test_cached_training_update_uses_cached_values():
     model = floater_model(floater_update_every=4)
     gen = train_updates(model, 2)
     next(gen)
-    cached = model.encoder.floater_flow._cache.delta.clone()
+    cached = [delta.clone() for delta in model.floater_positions._cache.delta]
     next(gen)  # update 1: reuse
-    torch.testing.assert_close(model.encoder.floater_flow._cache.delta[: cached.size(0)], cached, rtol=0, atol=0)
+    for now, before in zip(model.floater_positions._cache.delta, cached):
+        torch.testing.assert_close(now[: before.size(0)], before, rtol=0, atol=0)
 
 
 # -- errors and flags ----------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ The maths lives in ``fairseq_plugins/modules/floater.py``. Here: which projectio
   key by its own source position).
 - ``--floater-layers all`` drives every block, ``input`` only the first (FLOATER Table 2's two groups); the
   other blocks keep constant, ordinary projection biases. The sinusoidal input embedding stays.
+- The three flows are solved together, once per forward (``FloaterPositions``, shared by encoder and decoder):
+  the model's forward announces its longest sequence, max(source length, target length), so the encoder's
+  request solves the decoder's flows too; generation's encoder and decoder calls share one cache.
 
 Grid rows follow fairseq's own position numbering (left padding does not shift positions); during
 incremental decoding step t uses row t.
@@ -39,6 +42,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from ..modules.floater import (
     SOLVER_NAMES,
     FloaterFlow,
+    FloaterPositions,
     bind_position_biases,
     check_flow_settings,
     enable_position_biases,
@@ -139,6 +143,16 @@ class FloaterTransformerModel(TransformerModel):
         check_floater_args(args)
         return super().build_model(args, task)
 
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        # One solver call for all three flows per forward, one cache for encoder and decoder.
+        self.floater_positions = FloaterPositions.joined(encoder.floater_positions, decoder.floater_positions)
+        encoder.floater_positions = decoder.floater_positions = self.floater_positions
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
+        with self.floater_positions.forward_pass(max(src_tokens.size(1), prev_output_tokens.size(1))):
+            return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
+
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         return FloaterTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
@@ -173,14 +187,18 @@ class FloaterTransformerEncoder(TransformerEncoderBase):
         # The flow's state, in order: block n's self-attention q, k, v (a plain list: not a submodule).
         self.floater_projections = [getattr(layer.self_attn, name)
                                     for layer in _driven(self.layers, cfg) for name in QKV]
+        self.floater_positions = FloaterPositions()  # the model replaces it by one shared with the decoder
+        self.floater_positions.add(self.floater_flow, self.floater_projections)
 
     def build_encoder_layer(self, cfg):
         return FloaterEncoderLayer(cfg, return_fc=self.return_fc)
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
-        delta = self.floater_flow([p.bias for p in self.floater_projections], src_tokens.size(1))
-        with bind_position_biases(self.floater_projections, delta, token_rows(src_tokens, self.padding_idx)):
-            return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        src_len = src_tokens.size(1)
+        with self.floater_positions.forward_pass(src_len) as positions:
+            delta = positions.biases(self.floater_flow, src_len)
+            with bind_position_biases(self.floater_projections, delta, token_rows(src_tokens, self.padding_idx)):
+                return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
 
 
 class FloaterTransformerDecoder(TransformerDecoderBase):
@@ -201,6 +219,10 @@ class FloaterTransformerDecoder(TransformerDecoderBase):
         self.floater_cross_projections = [getattr(layer.encoder_attn, name)
                                           for layer in driven if layer.encoder_attn is not None
                                           for name in ("k_proj", "v_proj")]
+        self.floater_positions = FloaterPositions()  # the model replaces it by one shared with the encoder
+        self.floater_positions.add(self.floater_flow, self.floater_projections)
+        if self.floater_cross_flow is not None:
+            self.floater_positions.add(self.floater_cross_flow, self.floater_cross_projections)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return FloaterDecoderLayer(cfg, no_encoder_attn)
@@ -212,18 +234,20 @@ class FloaterTransformerDecoder(TransformerDecoderBase):
             tgt_rows = prev_output_tokens.new_full((1, 1), tgt_len - 1)
         else:
             tgt_rows = token_rows(prev_output_tokens, self.padding_idx)
+        cross = (self.floater_cross_flow is not None and encoder_out is not None
+                 and len(encoder_out["encoder_out"]) > 0)
+        src_len = encoder_out["encoder_out"][0].size(0) if cross else 0
         with ExitStack() as biases:
-            delta = self.floater_flow([p.bias for p in self.floater_projections], tgt_len)
+            positions = biases.enter_context(self.floater_positions.forward_pass(max(tgt_len, src_len)))
+            delta = positions.biases(self.floater_flow, tgt_len)
             biases.enter_context(bind_position_biases(self.floater_projections, delta, tgt_rows))
-            if (self.floater_cross_flow is not None and encoder_out is not None
-                    and len(encoder_out["encoder_out"]) > 0):
-                src_len, batch = encoder_out["encoder_out"][0].shape[:2]
+            if cross:
                 if len(encoder_out["encoder_padding_mask"]) > 0:
                     src_rows = rows_from_padding_mask(encoder_out["encoder_padding_mask"][0])
                 else:
                     src_rows = torch.arange(src_len, device=prev_output_tokens.device).unsqueeze(1)
-                cross = self.floater_cross_flow([p.bias for p in self.floater_cross_projections], src_len)
-                biases.enter_context(bind_position_biases(self.floater_cross_projections, cross, src_rows))
+                delta = positions.biases(self.floater_cross_flow, src_len)
+                biases.enter_context(bind_position_biases(self.floater_cross_projections, delta, src_rows))
             return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
                                             full_context_alignment, alignment_layer, alignment_heads)
 

@@ -15,7 +15,9 @@ Position is a continuous trajectory ``p(t)`` driven by a learned vector field ``
     h(τ, p; θ) = W2 [ relu(W1 [p; τ] + c1) ; τ ] + c2,     W1: (d+1 → hidden), W2: (hidden+1 → d)
 
 so one flow has (d+1)·hidden + hidden + (hidden+1)·d + d parameters: 526,336 for d = hidden = 512, the
-paper's "526.3K" (Table 6).
+paper's "526.3K" (Table 6). Written with the time columns apart (w1, w2: the weights of τ)::
+
+    h(τ, p) = W2 u + w2 τ + c2,     u = relu(W1 p + w1 τ + c1)
 
 Re-parameterisation (paper eq. 12). Adding a position vector p_i^(n) to the input of block n and
 projecting gives ``q_i = W_q(x_i + p_i + b_q) = q̃_i + b_{q,i}``: the position signal is a
@@ -34,41 +36,76 @@ a new flow has h ≡ 0 and a new model starts as the sinusoidal Transformer it c
 50 and 2000-fold by position 100 at Δ = 0.1, roughly like e^{0.75·t}.) W2 gets gradient from the first
 solve with gradient on, W1 from the second.
 
+The solve
+---------
+A model has three flows, each with its own θ (the paper: one for the encoder, one for the decoder's
+self-attention q/k/v and cross-attention q, one for the cross-attention k/v). A flow's state stacks the k
+initial values it drives, y(0) = [b_1(0); ...; b_k(0)] of shape (k, d): one solve over the grid returns every
+block's bias at every position, shared by the batch, the blocks and the sentences.
+
+- Grid: t_i = i·Δ for i = 0..P−1, P = the longest sequence of the forward (source or target). Fixed-grid
+  solvers take ``STEPS_PER_DT`` = 5 equal steps per Δ (the paper's RK4 at Δ/5) on a grid that contains every
+  t_i exactly, so no output is interpolated; adaptive solvers use rtol/atol and interpolate at the t_i.
+- All flows in one solver call (``solve_flows``): the flows' states are padded with zero rows to the largest
+  k and stacked, (F, K, ·), and each evaluation applies flow f's θ to slice f with batched matrix products
+  (``torch.baddbmm``). One forward thus takes 5·(P−1) sequential solver steps, not three times that; padded
+  rows are dropped from the result (and get no gradient).
+- Default, ``rk4`` without ``--floater-adjoint``: latent coordinates. With z = W1 p (hidden-sized)::
+
+      u = relu(z + w1 τ + c1),   dz/dτ = W1 h = (W1 W2) u + (W1 w2) τ + W1 c2,
+      p(t_i) = p(t_0) + W2 q(t_i) + w2 (t_i² − t_0²)/2 + c2 (t_i − t_0),   q(t_i) = Σ_steps δ Σ_j b_j u_j
+
+  torchdiffeq's rk4 integrates z, one (hidden × hidden) product per evaluation instead of two, and q sums
+  the same steps' stage values u_j with the RK4 weights b = (1, 3, 3, 1)/8 (step δ = Δ/5). Runge-Kutta
+  methods commute with linear maps and integrate the linear-in-τ part exactly, so this *is* RK4 applied to
+  p, step for step, in exact arithmetic; in floating point the two differ by rounding (about 1e-6 relative
+  in float32; the tests compare both with torchdiffeq's own solve of h). The backward pass is the exact
+  derivative of those RK4 steps, the gradient autograd would take through the solver (direct backprop,
+  not the continuous adjoint), written out in ``_LatentRK4.backward``: one reverse sweep over the steps
+  with the stage values saved by the forward, and the gradient of W1W2 as one matrix product over all
+  stages at the end.
+- Other solvers, and ``--floater-adjoint`` (torchdiffeq's ``odeint_adjoint``), integrate h itself on the
+  stacked state, with autograd through the solver. An adaptive solver then controls one step size for all
+  flows (its error norm runs over the stacked state), so each flow is solved within the tolerance, not
+  with exactly the steps it would take alone.
+
 Mapping to code
 ---------------
 - ``FloaterDynamics.forward(t, y)``       h(τ, p; θ), torchdiffeq style.
-- ``solve_on_grid``                       p(t_i) for a run of grid points, one torchdiffeq call. Fixed-grid
-  solvers take ``STEPS_PER_DT`` = 5 equal steps per Δ (the paper's RK4 at Δ/5); adaptive ones use
-  rtol/atol and interpolate at the t_i.
-- ``FloaterFlow``                         one θ and the bias cache. Its state stacks the k initial
-  values it drives, y(0) = [b_1(0); ...; b_k(0)] of shape (k, d), and one solve over t_0..t_{P-1}
-  returns every block's biases at every position: the work is shared by the batch, the blocks and
-  the sentences. It returns Δb(t_i) = b(t_i) − b(0), shape (P, k, d).
+- ``solve_on_grid``                       one dynamics' y(t_i) on the grid, one torchdiffeq call (reference).
+- ``solve_flows``                         several flows' y(t_i) in one torchdiffeq call (what the model uses).
+- ``FloaterFlow``                         one θ with the solver settings and the update counter; calling it
+  solves that flow alone (no cache). It returns Δb(t_i) = b(t_i) − b(0), shape (P, k, d).
+- ``FloaterPositions``                    a model's flows with the projections each drives: one solve for
+  all of them per forward, and their cache.
 - ``PositionBiasedLinear``                ``y_i = W x_i + b(0) + Δb(t_i)``; ``enable_position_biases``
   gives a fairseq ``MultiheadAttention`` such q/k/v projections, ``bind_position_biases`` hands them a
   flow's output for one forward.
 
 Cost and caching (paper §4.4 says one solve costs about 100 forward+backward passes of h)
 ------------------------------------------------------------------------------------------
-- Training, ``update_every = 1``: one solve with gradient per flow per forward: the exact gradient.
-- Training, ``update_every = N > 1`` (the paper's cost trick): the flow re-solves with gradient on updates
+- Training: ``FloaterPositions.forward_pass`` brackets one model forward; its first request solves every
+  flow (for the longest sequence of the batch) and the other requests of that forward reuse the result:
+  one solver call per forward whatever the number of flows.
+- Training, ``update_every = 1``: that solve has gradient every forward: the exact gradient.
+- Training, ``update_every = N > 1`` (the paper's cost trick): the flows re-solve with gradient on updates
   whose counter is a multiple of N (and on the first forward after building or loading); on the other
-  updates it reuses the cached Δb(t_i) detached from the graph, so the bias is ``b(0) + sg[Δb(t_i)]``:
-  b(0) and everything else still get their exact gradient through the first term, θ gets none
-  (its ``.grad`` stays unset; an optimizer with momentum may still move it; under DDP pass
-  --find-unused-parameters). The update counter is the ``num_updates`` buffer, fed by fairseq's
+  updates they reuse the cached Δb(t_i) detached from the graph, with no solver work at all, so the bias is
+  ``b(0) + sg[Δb(t_i)]``: b(0) and everything else still get their exact gradient through the first term, θ
+  gets none (its ``.grad`` stays unset; an optimizer with momentum may still move it; under DDP pass
+  --find-unused-parameters). The update counter is each flow's ``num_updates`` buffer, fed by fairseq's
   ``set_num_updates`` (the index of the update about to run) and saved in checkpoints, so the schedule
   survives a resume.
 - Eval and inference: Δb is solved once per parameter version (without gradient: eval mode never
-  back-propagates into θ) and reused; incremental decoding then costs no ODE work at all. The cache key holds the parameters' ``data_ptr`` and
-  ``_version`` counters, the update counter and a counter bumped by ``train()``/``eval()``;
-  ``load_state_dict`` drops the cache. (fairseq's Adam updates weights through ``p.data``, which does not
-  bump ``_version``: the trainer's ``set_num_updates`` and ``train()`` calls cover that. After editing
-  weights by hand through ``.data`` call ``invalidate_cache()``.)
-- Any length: a sequence longer than the cache extends it by integrating from the last cached grid
-  point. For fixed-grid solvers the steps are the same as one solve from 0, so the values are the
-  same (up to float rounding of the step times); adaptive solvers restart their step-size control at
-  the old end point, so the extension differs from a single solve by up to the solver tolerance.
+  back-propagates into θ) and reused; incremental decoding then costs no ODE work at all. The cache key holds
+  the parameters' ``data_ptr`` and ``_version`` counters, the update counter and a counter bumped by
+  ``train()``/``eval()``; ``load_state_dict`` drops the cache. (fairseq's Adam updates weights through
+  ``p.data``, which does not bump ``_version``: the trainer's ``set_num_updates`` and ``train()`` calls cover
+  that. After editing weights by hand through ``.data`` call ``invalidate_cache()`` on a flow.)
+- Any length: a sequence longer than the cache extends it (all flows, one solver call) by integrating from
+  the last cached grid point. For fixed-grid solvers the steps are the same as one solve from 0, so the
+  values are the same (up to float rounding); adaptive solvers restart their step-size control at the old
+  end point, so the extension differs from a single solve by up to the solver tolerance.
 - A non-finite solution raises ``FloaterSolverError`` naming the solver settings.
 
 The authors' code used Δ = 0.01 (the paper, Appendix B, states Δ = 0.1, the default here), fixed-step RK4
@@ -79,7 +116,9 @@ from contextlib import contextmanager
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 from torchdiffeq import odeint, odeint_adjoint
 
 # torchdiffeq lists its solvers in a private table; 0.2.5 is pinned in requirements.txt.
@@ -92,6 +131,8 @@ FIXED_GRID_SOLVERS = frozenset(
 )
 STEPS_PER_DT = 5  # fixed-grid step Δ/5 (paper, Appendix B)
 MIN_CACHE = 16  # eval caches hold at least this many positions and grow by doubling
+# torchdiffeq's "rk4" is the 3/8 rule (rk4_alt_step_func): stage times t + c_j·δ, inputs y + δ·Σ_l a_jl k_l.
+RK4_WEIGHTS = (1 / 8, 3 / 8, 3 / 8, 1 / 8)
 
 
 class FloaterSolverError(FloatingPointError):
@@ -130,6 +171,20 @@ def _subdivide(t: Tensor, steps: int) -> Tensor:
     return torch.cat([inner.reshape(-1), t[-1:]])
 
 
+def _grid_times(num_points: int, dt: float, first_index: int, device) -> Tensor:
+    """t_i = i·Δ for i = first_index .. first_index + num_points − 1 (float64)."""
+    index = torch.arange(first_index, first_index + num_points, dtype=torch.float64, device=device)
+    return index * dt
+
+
+def _solver_options(method: str, steps: Optional[Tensor] = None) -> dict:
+    if method not in FIXED_GRID_SOLVERS:
+        return {}
+    if steps is not None:
+        return {"grid_constructor": lambda func, y, times: steps}
+    return {"grid_constructor": lambda func, y, times: _subdivide(times, STEPS_PER_DT)}
+
+
 def solve_on_grid(
     dynamics: nn.Module,
     y0: Tensor,
@@ -147,29 +202,183 @@ def solve_on_grid(
     """
     if num_points == 1:
         return y0.unsqueeze(0)
-    index = torch.arange(first_index, first_index + num_points, dtype=torch.float64, device=y0.device)
-    t = index * dt
-    options = {}
-    if method in FIXED_GRID_SOLVERS:
-        options["grid_constructor"] = lambda func, y, times: _subdivide(times, STEPS_PER_DT)
-    kwargs = dict(rtol=rtol, atol=atol, method=method, options=options)
+    t = _grid_times(num_points, dt, first_index, y0.device)
+    kwargs = dict(rtol=rtol, atol=atol, method=method, options=_solver_options(method))
     if adjoint:
         return odeint_adjoint(dynamics, y0, t, adjoint_params=tuple(dynamics.parameters()), **kwargs)
     return odeint(dynamics, y0, t, **kwargs)
 
 
-class _Cache(NamedTuple):
-    key: tuple
-    y0: Tensor  # (k, d) the initial values the cached deltas were solved from
-    delta: Tensor  # (P, k, d) Δb(t_i) = b(t_i) − b(0), detached
+# -- several flows in one solve ----------------------------------------------------------------------------
+
+
+class _StackedDynamics(nn.Module):
+    """h of F flows at once on a stacked state (F, K, d): flow f's own FloaterDynamics on slice f."""
+
+    def __init__(self, dynamics: Sequence[FloaterDynamics]):
+        super().__init__()
+        self.flows = nn.ModuleList(dynamics)
+
+    def forward(self, t: Tensor, y: Tensor) -> Tensor:
+        return torch.stack([h(t, y_f) for h, y_f in zip(self.flows, y)])
+
+
+def _split_weights(dynamics: Sequence[FloaterDynamics]):
+    """Stacked W1 (F, hidden, d), w1, c1 (F, 1, hidden), W2 (F, d, hidden), w2, c2 (F, 1, d) (autograd-tracked)."""
+    d = dynamics[0].fc1.in_features - 1
+    hidden = dynamics[0].fc2.in_features - 1
+    fc1 = torch.stack([h.fc1.weight for h in dynamics])  # (F, hidden, d + 1)
+    fc2 = torch.stack([h.fc2.weight for h in dynamics])  # (F, d, hidden + 1)
+    c1 = torch.stack([h.fc1.bias for h in dynamics]).unsqueeze(1)
+    c2 = torch.stack([h.fc2.bias for h in dynamics]).unsqueeze(1)
+    W1, w1 = fc1[..., :d], fc1[..., d].unsqueeze(1)
+    W2, w2 = fc2[..., :hidden], fc2[..., hidden].unsqueeze(1)
+    return W1, w1, c1, W2, w2, c2
+
+
+class _LatentDynamics(nn.Module):
+    """dz/dτ = W1 h in latent coordinates z = W1 p (F flows stacked), torchdiffeq style.
+
+    Writes each evaluation's u = relu(z + w1 τ + c1) into ``tape[:, n]`` (n = the evaluation's index) and
+    keeps its τ: the stage values the backward pass and q need.
+    """
+
+    def __init__(self, Mt: Tensor, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor, tape: Tensor):
+        super().__init__()
+        self.Mt, self.c1, self.w1, self.ec, self.et = Mt, c1, w1, ec, et
+        self.tape = tape  # (F, evaluations, K, hidden)
+        self.times: List[Tensor] = []
+
+    def forward(self, t: Tensor, z: Tensor) -> Tensor:
+        n = len(self.times)
+        if n >= self.tape.size(1):
+            raise RuntimeError("torchdiffeq's rk4 evaluated the dynamics more often than 4 times per step")
+        u = self.tape[:, n]
+        torch.add(z, torch.addcmul(self.c1, self.w1, t), out=u).relu_()
+        self.times.append(t)
+        return torch.baddbmm(torch.addcmul(self.ec, self.et, t), u, self.Mt)  # u (W1 W2)ᵀ + (w2 τ + c2) W1ᵀ
+
+
+class _LatentRK4(torch.autograd.Function):
+    """q(t_i) (F, P, K, hidden) of torchdiffeq's rk4 on the latent system; backward = the exact derivative of
+    those steps (see the module docstring, "The solve")."""
+
+    @staticmethod
+    def forward(ctx, z0: Tensor, Mt: Tensor, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor, t: Tensor):
+        flows, rows, hidden = z0.shape
+        points = t.numel()
+        grid = _subdivide(t, STEPS_PER_DT)
+        step_sizes = torch.diff(grid.cpu()).tolist()  # δ of each step, as torchdiffeq computes it (t1 − t0)
+        evaluations = 4 * len(step_sizes)
+        tape = z0.new_empty(flows, evaluations, rows, hidden)
+        dynamics = _LatentDynamics(Mt, c1, w1, ec, et, tape)
+        odeint(dynamics, z0, t, method="rk4", options=_solver_options("rk4", grid))
+        if len(dynamics.times) != evaluations:
+            raise RuntimeError(f"torchdiffeq's rk4 evaluated the dynamics {len(dynamics.times)} times, "
+                               f"expected {evaluations} (4 per step)")
+        # q(t_i) = Σ over the steps before t_i of δ Σ_j b_j u_j: weights per evaluation, summed per interval.
+        weights = torch.tensor(step_sizes, dtype=z0.dtype)[:, None] * torch.tensor(RK4_WEIGHTS, dtype=z0.dtype)
+        per_interval = 4 * STEPS_PER_DT
+        weights = weights.reshape(1, points - 1, 1, per_interval).to(z0.device)
+        increments = torch.matmul(weights, tape.view(flows, points - 1, per_interval, rows * hidden))
+        q = torch.cat([z0.new_zeros(flows, 1, rows * hidden), increments.squeeze(2).cumsum(1)], dim=1)
+        ctx.save_for_backward(tape, Mt, torch.stack(dynamics.times))
+        ctx.step_sizes = step_sizes
+        return q.view(flows, points, rows, hidden)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, q_grad: Tensor):
+        tape, Mt, times = ctx.saved_tensors
+        step_sizes = ctx.step_sizes
+        flows, evaluations, rows, hidden = tape.shape
+        # The adjoint of q after step s: the gradient of every later grid point (q(t_i) sums all steps before t_i).
+        q_adjoint = q_grad[:, 1:].flip(1).cumsum(1).flip(1)  # [:, i]: Σ_{i' > i} ∂L/∂q(t_i'), steps of interval i
+        Mt_t = Mt.transpose(1, 2)
+        k_grad = torch.empty_like(tape)  # ∂L/∂k_j: the z-part of every stage derivative
+        a_grad = torch.empty_like(tape)  # ∂L/∂(z + w1 τ + c1) of every stage
+        z_adjoint = q_grad.new_zeros(flows, rows, hidden)  # ∂L/∂z after the step being reversed
+        b1, b2, b3, b4 = RK4_WEIGHTS
+        relu_grad = torch.ops.aten.threshold_backward.grad_input
+        for s in reversed(range(len(step_sizes))):
+            delta, lq, n = step_sizes[s], q_adjoint[:, s // STEPS_PER_DT], 4 * s
+            k1, k2, k3, k4 = (k_grad[:, n + j] for j in range(4))
+            a1, a2, a3, a4 = (a_grad[:, n + j] for j in range(4))
+            # torchdiffeq's rk4 (3/8 rule): k1 = f(z), k2 = f(z + δ k1/3), k3 = f(z + δ(k2 − k1/3)),
+            # k4 = f(z + δ(k1 − k2 + k3)), z' = z + δ(k1 + 3 k2 + 3 k3 + k4)/8; reversed stage by stage.
+            torch.mul(z_adjoint, delta * b4, out=k4)
+            relu_grad(torch.baddbmm(lq, k4, Mt_t, beta=delta * b4), tape[:, n + 3], 0, grad_input=a4)
+            torch.add(z_adjoint, a4, alpha=1 / b3, out=k3).mul_(delta * b3)
+            relu_grad(torch.baddbmm(lq, k3, Mt_t, beta=delta * b3), tape[:, n + 2], 0, grad_input=a3)
+            torch.add(k3, a4, alpha=-2 * delta, out=k2).add_(a3, alpha=delta)
+            relu_grad(torch.baddbmm(lq, k2, Mt_t, beta=delta * b2), tape[:, n + 1], 0, grad_input=a2)
+            torch.add(k4, a4, alpha=delta, out=k1).add_(a3, alpha=-delta / 3).add_(a2, alpha=delta / 3)
+            relu_grad(torch.baddbmm(lq, k1, Mt_t, beta=delta * b1), tape[:, n], 0, grad_input=a1)
+            z_adjoint.add_(a_grad[:, n: n + 4].sum(1))
+        # Parameters: sums over every stage (k_j = u_j Mt + ec + et τ_j, u_j = relu(z + w1 τ_j + c1)).
+        Mt_grad = torch.bmm(tape.view(flows, -1, hidden).transpose(1, 2), k_grad.view(flows, -1, hidden))
+        a_rows = a_grad.sum(2)  # (F, evaluations, hidden)
+        k_rows = k_grad.sum(2)
+        c1_grad, ec_grad = a_rows.sum(1, keepdim=True), k_rows.sum(1, keepdim=True)
+        w1_grad = torch.matmul(times.to(a_rows), a_rows).unsqueeze(1)
+        et_grad = torch.matmul(times.to(k_rows), k_rows).unsqueeze(1)
+        return z_adjoint, Mt_grad, c1_grad, w1_grad, ec_grad, et_grad, None
+
+
+def _solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, t: Tensor) -> Tensor:
+    """RK4 on the stacked flows in latent coordinates; y0 (F, K, d) → y(t_i) (F, P, K, d)."""
+    W1, w1, c1, W2, w2, c2 = _split_weights(dynamics)
+    W1t, W2t = W1.transpose(1, 2), W2.transpose(1, 2)  # (F, d, hidden), (F, hidden, d)
+    Mt = torch.bmm(W2t, W1t)  # (W1 W2)ᵀ: (F, hidden, hidden)
+    z0 = torch.bmm(y0, W1t)  # z = W1 p
+    ec, et = torch.bmm(c2, W1t), torch.bmm(w2, W1t)  # W1 c2, W1 w2 (as rows)
+    q = _LatentRK4.apply(z0, Mt, c1, w1, ec, et, t)  # (F, P, K, hidden)
+    flows, points, rows, hidden = q.shape
+    p = y0.unsqueeze(1) + torch.bmm(q.view(flows, points * rows, hidden), W2t).view(flows, points, rows, -1)
+    t0 = t[0]
+    linear = (t - t0).to(y0)[:, None, None]  # ∫ c2 dτ from t_0
+    square = ((t * t - t0 * t0) / 2).to(y0)[:, None, None]  # ∫ w2 τ dτ from t_0
+    return p + w2.unsqueeze(1) * square + c2.unsqueeze(1) * linear
+
+
+def solve_flows(
+    flows: Sequence["FloaterFlow"], initial: Sequence[Tensor], num_points: int, first_index: int = 0
+) -> List[Tensor]:
+    """y(t_i), i = first_index .. first_index + num_points − 1, of several flows in one torchdiffeq call.
+
+    ``initial[f]`` (k_f, d) is flow f's state at t_first_index; returns one (num_points, k_f, d) per flow. The
+    flows must share their solver settings. See "The solve" in the module docstring.
+    """
+    lead = flows[0]
+    if num_points == 1:
+        return [y.unsqueeze(0) for y in initial]
+    rows = [y.size(0) for y in initial]
+    K = max(rows)
+    y0 = torch.stack([F.pad(y, (0, 0, 0, K - k)) for y, k in zip(initial, rows)])  # (F, K, d)
+    t = _grid_times(num_points, lead.dt, first_index, y0.device)
+    dynamics = [flow.dynamics for flow in flows]
+    if lead.latent:
+        y = _solve_latent(dynamics, y0, t).transpose(0, 1)  # (P, F, K, d)
+    else:
+        stacked = _StackedDynamics(dynamics)
+        kwargs = dict(rtol=lead.rtol, atol=lead.atol, method=lead.method, options=_solver_options(lead.method))
+        if lead.adjoint:
+            y = odeint_adjoint(stacked, y0, t, adjoint_params=tuple(stacked.parameters()), **kwargs)
+        else:
+            y = odeint(stacked, y0, t, **kwargs)
+    return [y[:, f, :k] for f, k in enumerate(rows)]
+
+
+# -- one flow --------------------------------------------------------------------------------------------
 
 
 class FloaterFlow(nn.Module):
-    """One shared flow θ that moves k bias vectors along the position grid, with its cache.
+    """One flow θ that moves k bias vectors along the position grid, with its solver settings.
 
-    ``flow(initial, num_positions)`` takes the k initial values b_j(0) (each (d,); the projections'
-    bias parameters) and returns Δb of shape (P, k, d), P ≥ num_positions, with
-    ``b_j(t_i) = b_j(0) + Δb[i, j]``. See the module docstring for when it solves and what gets gradient.
+    ``flow(initial, num_positions)`` takes the k initial values b_j(0) (each (d,); the projections' bias
+    parameters) and returns Δb of shape (num_positions, k, d) with ``b_j(t_i) = b_j(0) + Δb[i, j]``, solving
+    this flow alone (with gradient when gradients are on; nothing cached). A model solves and caches its flows
+    together through ``FloaterPositions``.
     """
 
     def __init__(
@@ -184,20 +393,25 @@ class FloaterFlow(nn.Module):
         update_every: int = 1,
     ):
         super().__init__()
-        check_flow_settings(dt=dt, method=method, rtol=rtol, atol=atol, update_every=update_every,
-                            hidden=hidden if hidden is not None else dim)
+        hidden = hidden if hidden is not None else dim
+        check_flow_settings(dt=dt, method=method, rtol=rtol, atol=atol, update_every=update_every, hidden=hidden)
         self.dynamics = FloaterDynamics(dim, hidden)
         self.dt, self.method, self.rtol, self.atol = float(dt), method, float(rtol), float(atol)
         self.adjoint, self.update_every = bool(adjoint), int(update_every)
+        # rk4 by direct backprop solves in latent coordinates z = W1 p when that is cheaper (hidden ≤ 2d).
+        self.latent = method == "rk4" and not self.adjoint and hidden <= 2 * dim
         self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
         self._num_updates = 0  # host copy of the buffer (no device sync per forward)
         self._generation = 0  # bumped by train()/eval(); part of the eval cache key
-        self._cache: Optional[_Cache] = None
-        self.num_solves = 0  # solver calls so far (diagnostics)
+        self._epoch = 0  # bumped by invalidate_cache() and load_state_dict: drops any cache of this flow
+        self.num_solves = 0  # solver calls that included this flow (diagnostics)
 
     def extra_repr(self) -> str:
         return (f"dt={self.dt}, method={self.method}, rtol={self.rtol}, atol={self.atol}, "
                 f"adjoint={self.adjoint}, update_every={self.update_every}")
+
+    def settings(self) -> tuple:
+        return (self.dt, self.method, self.rtol, self.atol, self.adjoint, self.update_every, self.latent)
 
     # -- fairseq / nn.Module hooks ------------------------------------------------------------------
     def set_num_updates(self, num_updates: int):
@@ -215,65 +429,154 @@ class FloaterFlow(nn.Module):
         self.invalidate_cache()
 
     def invalidate_cache(self):
-        self._cache = None
+        self._epoch += 1
 
     # -- the biases --------------------------------------------------------------------------------
     def forward(self, initial: Sequence[Tensor], num_positions: int) -> Tensor:
         b0 = torch.stack(list(initial))  # (k, d): the state, every driven projection's b(0)
-        num_positions = max(int(num_positions), 1)
-        cache = self._cache
-        compatible = (cache is not None and cache.y0.shape == b0.shape
-                      and cache.y0.dtype == b0.dtype and cache.y0.device == b0.device)
-        if self.training:
-            if (not compatible or self.update_every == 1
-                    or self._num_updates % self.update_every == 0):
-                b = self._solve(b0, num_positions)  # exact gradient to θ and b(0)
-                delta = b - b0
-                self._cache = _Cache(self._key(initial), b0.detach(), delta.detach())
-                return delta
-        else:
-            key = self._key(initial)
-            if not compatible or cache.key != key:
-                with torch.no_grad():
-                    b0_const = b0.detach()
-                    b = self._solve(b0_const, _cache_size(num_positions))
-                    self._cache = _Cache(key, b0_const, b - b0_const)
-        self._extend_cache(num_positions)
-        return self._cache.delta[:num_positions]
+        return solve_checked([self], [b0], max(int(num_positions), 1))[0] - b0
 
-    def _key(self, initial: Sequence[Tensor]) -> tuple:
-        tensors = list(initial) + list(self.dynamics.parameters())
-        return (self._generation, self._num_updates) + tuple((p.data_ptr(), p._version) for p in tensors)
-
-    @torch.no_grad()
-    def _extend_cache(self, num_positions: int):
-        cache = self._cache
-        have = cache.delta.size(0)
-        if have >= num_positions:
-            return
-        want = _cache_size(max(num_positions, 2 * have))
-        last = cache.y0 + cache.delta[-1]  # b(t_{have−1})
-        more = self._solve(last, want - have + 1, first_index=have - 1)[1:]
-        self._cache = cache._replace(delta=torch.cat([cache.delta, more - cache.y0]))
-
-    def _solve(self, y0: Tensor, num_points: int, first_index: int = 0) -> Tensor:
-        self.num_solves += 1
-        try:
-            y = solve_on_grid(self.dynamics, y0, num_points, self.dt, self.method, self.rtol,
-                              self.atol, self.adjoint, first_index)
-        except AssertionError as err:  # torchdiffeq reports e.g. "underflow in dt" this way
-            raise FloaterSolverError(self._describe(first_index, num_points, str(err))) from err
-        if not bool(torch.isfinite(y).all()):
-            raise FloaterSolverError(self._describe(first_index, num_points, "non-finite values"))
-        return y
-
-    def _describe(self, first_index: int, num_points: int, what: str) -> str:
+    def describe_failure(self, first_index: int, num_points: int, what: str) -> str:
         steps = f", step Δ/{STEPS_PER_DT}" if self.method in FIXED_GRID_SOLVERS else ""
         return (f"FLOATER ODE solve failed ({what}) for positions {first_index}..{first_index + num_points - 1}"
                 f" with --floater-method {self.method} --floater-dt {self.dt}{steps}"
                 f" --floater-rtol {self.rtol} --floater-atol {self.atol}"
                 f"{' --floater-adjoint' if self.adjoint else ''}; try a smaller --floater-dt, another"
                 f" --floater-method, or a lower learning rate for the flow")
+
+
+def solve_checked(flows: Sequence[FloaterFlow], initial: Sequence[Tensor], num_points: int,
+                  first_index: int = 0) -> List[Tensor]:
+    """``solve_flows`` that counts the solve and raises ``FloaterSolverError`` for failures and non-finite values."""
+    for flow in flows:
+        flow.num_solves += 1
+    try:
+        ys = solve_flows(flows, initial, num_points, first_index)
+    except AssertionError as err:  # torchdiffeq reports e.g. "underflow in dt" this way
+        raise FloaterSolverError(flows[0].describe_failure(first_index, num_points, str(err))) from err
+    if not bool(torch.stack([torch.isfinite(y).all() for y in ys]).all()):
+        raise FloaterSolverError(flows[0].describe_failure(first_index, num_points, "non-finite values"))
+    return ys
+
+
+# -- a model's flows -------------------------------------------------------------------------------------
+
+
+class _Cache(NamedTuple):
+    key: tuple
+    epochs: tuple  # the flows' _epoch counters when solved
+    y0: List[Tensor]  # per flow (k, d): the initial values the cached deltas were solved from
+    delta: List[Tensor]  # per flow (P, k, d): Δb(t_i) = b(t_i) − b(0), detached
+
+
+class FloaterPositions:
+    """A model's flows, each with the projections whose biases it drives, solved and cached together.
+
+    ``biases(flow, n)`` returns that flow's Δb (n, k, d). Inside ``forward_pass(n)`` (one model forward,
+    n = its longest sequence) the first request solves every flow, or takes them from the cache, and the
+    other requests reuse that result; outside, every request does the same on its own. A plain object,
+    not a module: the flows and projections stay where they are in the module tree (parameter names).
+    """
+
+    def __init__(self):
+        self.members: List[Tuple[FloaterFlow, List[nn.Module]]] = []
+        self._cache: Optional[_Cache] = None
+        self._pass_depth = 0
+        self._pass_length = 0
+        self._pass_result: Optional[List[Tensor]] = None
+
+    def add(self, flow: FloaterFlow, projections: Sequence[nn.Module]):
+        if self.members and flow.settings() != self.members[0][0].settings():
+            raise ValueError("flows solved together must share their solver settings")
+        self.members.append((flow, list(projections)))
+        self._cache = None
+
+    @classmethod
+    def joined(cls, *groups: "FloaterPositions") -> "FloaterPositions":
+        joint = cls()
+        for group in groups:
+            for flow, projections in group.members:
+                joint.add(flow, projections)
+        return joint
+
+    @property
+    def flows(self) -> List[FloaterFlow]:
+        return [flow for flow, _ in self.members]
+
+    @contextmanager
+    def forward_pass(self, num_positions: int):
+        """One forward: every flow solved once, for at least num_positions positions (nested passes join)."""
+        self._pass_depth += 1
+        if self._pass_depth == 1:
+            self._pass_length, self._pass_result = int(num_positions), None
+        try:
+            yield self
+        finally:
+            self._pass_depth -= 1
+            if self._pass_depth == 0:
+                self._pass_length, self._pass_result = 0, None
+
+    def biases(self, flow: FloaterFlow, num_positions: int) -> Tensor:
+        """Δb of ``flow`` for the first num_positions grid points, (num_positions, k, d)."""
+        num_positions = max(int(num_positions), 1)
+        index = next(i for i, (member, _) in enumerate(self.members) if member is flow)
+        if self._pass_depth == 0:
+            return self._deltas(num_positions)[index][:num_positions]
+        result = self._pass_result
+        if result is None or result[index].size(0) < num_positions:
+            result = self._pass_result = self._deltas(max(num_positions, self._pass_length))
+        return result[index][:num_positions]
+
+    def invalidate_cache(self):
+        self._cache = None
+
+    # -- solving and caching -------------------------------------------------------------------------
+    def _deltas(self, num_positions: int) -> List[Tensor]:
+        flows = self.flows
+        lead = flows[0]
+        b0 = [torch.stack([p.bias for p in projections]) for _, projections in self.members]
+        cache = self._cache
+        compatible = (cache is not None and cache.epochs == self._epochs()
+                      and all(c.shape == b.shape and c.dtype == b.dtype and c.device == b.device
+                              for c, b in zip(cache.y0, b0)))
+        if lead.training:
+            if not compatible or lead.update_every == 1 or lead._num_updates % lead.update_every == 0:
+                ys = solve_checked(flows, b0, num_positions)  # exact gradient to θ and b(0)
+                deltas = [y - b for y, b in zip(ys, b0)]
+                self._cache = _Cache(self._key(), self._epochs(), [b.detach() for b in b0],
+                                     [delta.detach() for delta in deltas])
+                return deltas
+        else:
+            key = self._key()
+            if not compatible or cache.key != key:
+                with torch.no_grad():
+                    consts = [b.detach() for b in b0]
+                    ys = solve_checked(flows, consts, _cache_size(num_positions))
+                    self._cache = _Cache(key, self._epochs(), consts, [y - b for y, b in zip(ys, consts)])
+        self._extend_cache(num_positions)
+        return self._cache.delta
+
+    def _epochs(self) -> tuple:
+        return tuple(flow._epoch for flow in self.flows)
+
+    def _key(self) -> tuple:
+        key = []
+        for flow, projections in self.members:
+            key += [flow._generation, flow._num_updates]
+            key += [(p.data_ptr(), p._version) for p in [q.bias for q in projections] + list(flow.parameters())]
+        return tuple(key)
+
+    @torch.no_grad()
+    def _extend_cache(self, num_positions: int):
+        cache = self._cache
+        have = cache.delta[0].size(0)
+        if have >= num_positions:
+            return
+        want = _cache_size(max(num_positions, 2 * have))
+        last = [y0 + delta[-1] for y0, delta in zip(cache.y0, cache.delta)]  # b(t_{have−1})
+        more = solve_checked(self.flows, last, want - have + 1, first_index=have - 1)
+        self._cache = cache._replace(delta=[torch.cat([delta, m[1:] - y0])
+                                            for delta, m, y0 in zip(cache.delta, more, cache.y0)])
 
 
 def _cache_size(n: int) -> int:
