@@ -133,6 +133,117 @@ def test_grid_solve_continues_exactly_from_a_later_point():
     torch.testing.assert_close(tail, full[11:], rtol=0, atol=1e-12)
 
 
+# -- all flows in one solve -----------------------------------------------------------------------------
+
+def random_flows(rows=(3, 4, 2), dim=6, hidden=7, dtype=torch.float64, seed=0, **settings):
+    """Flows with a non-trivial h (random W2, c2, c1) and random initial values, one per entry of rows."""
+    torch.manual_seed(seed)
+    flows = [FloaterFlow(dim, hidden, **settings).to(dtype) for _ in rows]
+    for flow in flows:
+        torch.nn.init.normal_(flow.dynamics.fc2.weight, std=0.5 / hidden ** 0.5)
+        torch.nn.init.normal_(flow.dynamics.fc2.bias, std=0.3)
+        torch.nn.init.normal_(flow.dynamics.fc1.bias, std=0.3)
+    initial = [torch.randn(k, dim, dtype=dtype, requires_grad=True) for k in rows]
+    return flows, initial
+
+
+def values_and_gradients(outputs, flows, initial, seed=1):
+    """The outputs and the gradients of a fixed random linear function of them w.r.t. θ and b(0)."""
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((y * torch.randn(y.shape, generator=g, dtype=y.dtype)).sum() for y in outputs)
+    inputs = [p for flow in flows for p in flow.parameters()] + list(initial)
+    return [y.detach() for y in outputs], torch.autograd.grad(loss, inputs)
+
+
+@pytest.mark.parametrize("method,adjoint", [("rk4", False), ("rk4", True), ("euler", False), ("dopri5", False)])
+def test_all_flows_in_one_solve_equal_separate_solves(method, adjoint):
+    """solve_flows (stacked and padded states, one torchdiffeq call; default rk4 in latent coordinates with its
+    hand-written backward) == each flow's own torchdiffeq solve of h: values and gradients to θ and b(0)."""
+    tol = dict(rtol=1e-10, atol=1e-12)
+    flows, initial = random_flows(method=method, adjoint=adjoint, **tol)
+    assert flows[0].latent == (method == "rk4" and not adjoint)
+    n = 11
+    together = values_and_gradients(solve_flows(flows, initial, n), flows, initial)
+    alone = values_and_gradients([solve_on_grid(f.dynamics, y0, n, 0.1, method, adjoint=adjoint, **tol)
+                                  for f, y0 in zip(flows, initial)], flows, initial)
+    atol = 1e-6 if method == "dopri5" else 1e-12  # adaptive: one step-size control for the stacked flows
+    for a, b in zip([*together[0], *together[1]], [*alone[0], *alone[1]]):
+        torch.testing.assert_close(a, b, rtol=0, atol=atol)
+
+
+def test_latent_rk4_in_float32_matches_torchdiffeq_on_h():
+    """At the tiny model's sizes and 60 positions, float32 rounding is the only difference from rk4 on p."""
+    flows, initial = random_flows(rows=(6, 8, 4), dim=64, hidden=64, dtype=torch.float32)
+    ys = solve_flows(flows, initial, 60)
+    for flow, y0, y in zip(flows, initial, ys):
+        reference = solve_on_grid(flow.dynamics, y0, 60, 0.1)
+        assert (y - reference).abs().max() <= 2e-6 * reference.abs().max()
+
+
+def test_latent_rk4_backward_passes_gradcheck():
+    """The hand-written backward of the latent rk4 steps against finite differences (every input, float64)."""
+    torch.manual_seed(0)
+    flows, rows, hidden = 2, 3, 4
+    args = [torch.randn(flows, rows, hidden), torch.randn(flows, hidden, hidden) / 2,
+            *(torch.randn(flows, 1, hidden) for _ in range(4))]
+    args = [a.double().requires_grad_() for a in args]
+    t = torch.arange(4, dtype=torch.float64) * 0.1
+    assert torch.autograd.gradcheck(lambda *a: floater._LatentRK4.apply(*a, t), args, eps=1e-6, atol=1e-7)
+
+
+def test_grid_solve_of_all_flows_continues_exactly_from_a_later_point():
+    flows, initial = random_flows()
+    with torch.no_grad():
+        full = solve_flows(flows, initial, 30)
+        tail = solve_flows(flows, [y[11] for y in full], 19, first_index=11)
+    for a, b in zip(tail, full):
+        torch.testing.assert_close(a, b[11:], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("layers", ["all", "input"])
+@pytest.mark.parametrize("src_len,tgt_len", [(7, 6), (4, 9)])
+def test_one_solve_per_training_forward_for_the_longest_sequence(monkeypatch, layers, src_len, tgt_len):
+    model = floater_model(floater_layers=layers).train()
+    calls = count_solves(monkeypatch)
+    model(*batch(src_len=src_len, tgt_len=tgt_len))
+    assert len(calls) == 1
+    assert all(delta.size(0) == max(src_len, tgt_len) for delta in model.floater_positions._cache.delta)
+
+
+def test_every_flow_solved_together_equals_each_flow_alone():
+    """The model's joint solve gives every flow exactly what solving it alone (FloaterFlow.forward) gives."""
+    model = floater_model().eval()
+    src, lengths, prev = batch()
+    model(src, lengths, prev)
+    pairs = [(model.encoder.floater_flow, model.encoder.floater_projections),
+             (model.decoder.floater_flow, model.decoder.floater_projections),
+             (model.decoder.floater_cross_flow, model.decoder.floater_cross_projections)]
+    for (flow, projections), joint in zip(pairs, model.floater_positions._cache.delta):
+        with torch.no_grad():
+            alone = flow([p.bias for p in projections], joint.size(0))
+        torch.testing.assert_close(joint, alone, rtol=0, atol=1e-12)
+
+
+def test_encoder_and_decoder_called_apart_in_training_equal_the_model_forward():
+    model = floater_model().train()
+    src, lengths, prev = batch()
+    together = model(src, lengths, prev)[0]
+    apart = model.decoder(prev, model.encoder(src, lengths))[0]
+    torch.testing.assert_close(apart, together, rtol=0, atol=1e-12)
+    apart.pow(2).mean().backward()
+    assert model.decoder.floater_cross_flow.dynamics.fc2.weight.grad.abs().sum() > 0
+
+
+def test_beam_search_solves_once(monkeypatch):
+    """Generation: the encoder's request solves all flows (cache of 16 positions), every decoding step reuses it."""
+    model = floater_model().eval()
+    src, lengths, _ = batch(bsz=2)
+    calls = count_solves(monkeypatch)
+    gen = SequenceGenerator([model], TASK.target_dictionary, beam_size=4, max_len_b=12)
+    gen.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    assert len(calls) == 1
+
+
 def test_one_solve_per_forward_for_all_flows_with_every_block_in_one_state(monkeypatch):
     model = floater_model()
     calls = count_solves(monkeypatch)
@@ -335,10 +446,12 @@ def test_update_every_1_gives_theta_gradient_every_update():
         assert fact["solved"] and fact["theta_grad"] > 0 and fact["b0_grad"] > 0
 
 
-def test_update_every_n_resolves_every_n_updates_and_b0_always_learns():
+def test_update_every_n_resolves_every_n_updates_and_b0_always_learns(monkeypatch):
     model = floater_model(floater_update_every=3)
+    calls = count_solves(monkeypatch)
     facts = list(train_updates(model, 7))
     assert [f["solved"] for f in facts] == [k % 3 == 0 for k in range(7)]
+    assert len(calls) == 3  # updates 0, 3, 6; the others do no solver work at all
     for f in facts:
         assert (f["theta_grad"] > 0) == (f["update"] % 3 == 0)
         assert f["b0_grad"] > 0  # b(0) + cached Δb: b(0) keeps its gradient
