@@ -64,10 +64,10 @@ block's bias at every position, shared by the batch, the blocks and the sentence
   not the continuous adjoint), written out in ``_LatentRK4.backward``: one reverse sweep over the steps
   with the stage values saved by the forward, and the gradient of W1W2 as one matrix product over all
   stages at the end.
-- Other solvers, and ``--floater-adjoint`` (torchdiffeq's ``odeint_adjoint``), integrate h itself on the
-  stacked state, with autograd through the solver. An adaptive solver then controls one step size for all
-  flows (its error norm runs over the stacked state), so each flow is solved within the tolerance, not
-  with exactly the steps it would take alone.
+- The other fixed-grid solvers, and ``--floater-adjoint`` (torchdiffeq's ``odeint_adjoint``), integrate h
+  itself on the stacked state, with autograd through the solver (or the adjoint solve). Adaptive solvers
+  (dopri5, ...) solve each flow on its own, one call per flow: their step sizes, and the gradient through
+  the step-size control, depend on the state they control.
 
 Mapping to code
 ---------------
@@ -347,11 +347,15 @@ def solve_flows(
     """y(t_i), i = first_index .. first_index + num_points − 1, of several flows in one torchdiffeq call.
 
     ``initial[f]`` (k_f, d) is flow f's state at t_first_index; returns one (num_points, k_f, d) per flow. The
-    flows must share their solver settings. See "The solve" in the module docstring.
+    flows must share their solver settings. See "The solve" in the module docstring (adaptive solvers: one
+    call per flow).
     """
     lead = flows[0]
     if num_points == 1:
         return [y.unsqueeze(0) for y in initial]
+    if lead.method not in FIXED_GRID_SOLVERS:
+        return [solve_on_grid(flow.dynamics, y0, num_points, lead.dt, lead.method, lead.rtol, lead.atol,
+                              lead.adjoint, first_index) for flow, y0 in zip(flows, initial)]
     rows = [y.size(0) for y in initial]
     K = max(rows)
     y0 = torch.stack([F.pad(y, (0, 0, 0, K - k)) for y, k in zip(initial, rows)])  # (F, K, d)
