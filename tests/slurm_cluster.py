@@ -147,17 +147,24 @@ PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         out = self.client("scontrol", "show", "job", "-o", job_id, check=False).stdout
         return dict(re.findall(r"(\w+)=(\S*)", out))
 
-    def wait(self, job_id, done, timeout, poll=1.0, release=True):
-        """Polls until done(job info) is true; a pending job is made eligible at once (a requeued job
-        would otherwise wait for its begin time). Returns the job info; raises on timeout."""
+    def wait(self, job_id, done, timeout, poll=1.0, release_after=15):
+        """Polls until done(job info) is true; returns the job info, raises on timeout. A requeued job waits
+        for its begin time, cred_expire + 1 s here (6 s); one still pending after `release_after` seconds is
+        made eligible (scontrol update StartTime=now). Not sooner: started before its previous run's
+        credential has expired, a requeued batch job is killed ("Job credential revoked")."""
         deadline = time.time() + timeout
-        info = {}
+        info, pending_since = {}, None
         while time.time() < deadline:
             info = self.job(job_id)
             if done(info):
                 return info
-            if release and info.get("JobState") == "PENDING":
-                self.client("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
+            if info.get("JobState") == "PENDING":
+                pending_since = pending_since or time.time()
+                if release_after is not None and time.time() - pending_since > release_after:
+                    self.client("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
+                    pending_since = None
+            else:
+                pending_since = None
             time.sleep(poll)
         raise TimeoutError(f"job {job_id} after {timeout} s: {info.get('JobState')} "
                            f"(reason {info.get('Reason')}, restarts {info.get('Restarts')})")
