@@ -3,11 +3,11 @@ preemption signal that makes the job requeue itself, `scontrol requeue`, and eve
 checkpoint_last.pt.
 
 One job, three runs:
-1. submitted with --ntasks=2 (max_update 8, a checkpoint every 2 updates); once checkpoint_1_2.pt exists,
+1. submitted with --ntasks=2 (max_update 12, a checkpoint every 2 updates); once checkpoint_1_2.pt exists,
    `scancel --signal=USR1 --batch` does what Slurm does before a time limit or a preemption: the script's trap
    stops training and requeues the job (scontrol requeue from inside);
-2. the requeued run resumes from checkpoint_last.pt (between 2 and 8 updates) and finishes at 8 updates;
-3. `scontrol requeue` of the completed job runs it again, and it resumes from the 8-update checkpoint.
+2. the requeued run resumes from checkpoint_last.pt (between 2 and 12 updates) and finishes at 12 updates;
+3. `scontrol requeue` of the completed job runs it again, and it resumes from the 12-update checkpoint.
 """
 import re
 
@@ -18,7 +18,7 @@ from conftest import REPO, env
 from slurm_cluster import SlurmCluster, SlurmUnavailable, ensure_installed, free_port
 
 pytestmark = pytest.mark.slurm
-MAX_UPDATE = 8
+MAX_UPDATE = 12  # enough updates after the first checkpoint for the signal to arrive mid-training
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_sbatch_preempt_requeue_resume(cluster, toy_data, tmp_path):
 
     # run 1: two ranks train; the preemption signal makes the job stop and requeue itself
     cluster.wait(job, lambda i: (save / "checkpoint_1_2.pt").exists() or i.get("JobState") not in ("PENDING", "RUNNING"),
-                 timeout=120, release_after=None)
+                 timeout=120, poll=0.2, release_after=None)
     assert (save / "checkpoint_1_2.pt").exists(), f"no checkpoint after 2 updates; job log:\n{log()[-3000:]}"
     assert "initialized host" in log() and "as rank 1" in log(), "the second task did not join"
     cluster.client("scancel", "--signal=USR1", "--batch", job)
