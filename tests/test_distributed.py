@@ -15,7 +15,7 @@ restarts it; these runs use --dropout 0 (the tiny archs have no other randomness
 hold bit-identical parameters, and the validation loss printed by rank 0 equals the single process's (fairseq
 prints it rounded to 3 decimals; rank-sharded validation sums the per-batch losses in another order, which
 the rounding hides). All processes run with one intra-op thread (small_task.ONE_THREAD).
-pytorch_ddp runs without --find-unused-parameters because the fairseq patch has DDP skip the BetterTransformer
+pytorch_ddp runs without --find-unused-parameters because the fairseq patch removes the BetterTransformer
 parameter copies that fairseq 0.12.2's encoder layers hold and never use (unpatched, it fails at update 2).
 """
 import socket
