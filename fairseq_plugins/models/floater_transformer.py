@@ -22,6 +22,7 @@ that reuse cached biases.
 """
 
 import argparse
+import functools
 from contextlib import ExitStack
 
 import torch
@@ -231,7 +232,7 @@ class FloaterTransformerDecoder(TransformerDecoderBase):
                          full_context_alignment=False, alignment_layer=None, alignment_heads=None):
         tgt_len = prev_output_tokens.size(1)
         if incremental_state is not None:  # this step's token sits at row tgt_len − 1
-            tgt_rows = prev_output_tokens.new_full((1, 1), tgt_len - 1)
+            tgt_rows = tgt_len - 1
         else:
             tgt_rows = token_rows(prev_output_tokens, self.padding_idx)
         cross = (self.floater_cross_flow is not None and encoder_out is not None
@@ -243,7 +244,9 @@ class FloaterTransformerDecoder(TransformerDecoderBase):
             biases.enter_context(bind_position_biases(self.floater_projections, delta, tgt_rows))
             if cross:
                 if len(encoder_out["encoder_padding_mask"]) > 0:
-                    src_rows = rows_from_padding_mask(encoder_out["encoder_padding_mask"][0])
+                    # lazily: incremental decoding projects the encoder states on the first step only
+                    mask = encoder_out["encoder_padding_mask"][0]
+                    src_rows = functools.lru_cache(maxsize=None)(lambda: rows_from_padding_mask(mask))
                 else:
                     src_rows = torch.arange(src_len, device=prev_output_tokens.device).unsqueeze(1)
                 delta = positions.biases(self.floater_cross_flow, src_len)

@@ -469,6 +469,7 @@ def solve_checked(flows: Sequence[FloaterFlow], initial: Sequence[Tensor], num_p
 class _Cache(NamedTuple):
     key: tuple
     epochs: tuple  # the flows' _epoch counters when solved
+    layout: tuple  # per flow: rows, bias shape, dtype, device
     y0: List[Tensor]  # per flow (k, d): the initial values the cached deltas were solved from
     delta: List[Tensor]  # per flow (P, k, d): Δb(t_i) = b(t_i) − b(0), detached
 
@@ -538,27 +539,34 @@ class FloaterPositions:
     def _deltas(self, num_positions: int) -> List[Tensor]:
         flows = self.flows
         lead = flows[0]
-        b0 = [torch.stack([p.bias for p in projections]) for _, projections in self.members]
         cache = self._cache
-        compatible = (cache is not None and cache.epochs == self._epochs()
-                      and all(c.shape == b.shape and c.dtype == b.dtype and c.device == b.device
-                              for c, b in zip(cache.y0, b0)))
+        compatible = cache is not None and cache.epochs == self._epochs() and cache.layout == self._layout()
         if lead.training:
             if not compatible or lead.update_every == 1 or lead._num_updates % lead.update_every == 0:
+                b0 = self._initial()
                 ys = solve_checked(flows, b0, num_positions)  # exact gradient to θ and b(0)
                 deltas = [y - b for y, b in zip(ys, b0)]
-                self._cache = _Cache(self._key(), self._epochs(), [b.detach() for b in b0],
+                self._cache = _Cache(self._key(), self._epochs(), self._layout(), [b.detach() for b in b0],
                                      [delta.detach() for delta in deltas])
                 return deltas
         else:
             key = self._key()
             if not compatible or cache.key != key:
                 with torch.no_grad():
-                    consts = [b.detach() for b in b0]
+                    consts = self._initial()
                     ys = solve_checked(flows, consts, _cache_size(num_positions))
-                    self._cache = _Cache(key, self._epochs(), consts, [y - b for y, b in zip(ys, consts)])
+                    self._cache = _Cache(key, self._epochs(), self._layout(), consts,
+                                         [y - b for y, b in zip(ys, consts)])
         self._extend_cache(num_positions)
         return self._cache.delta
+
+    def _initial(self) -> List[Tensor]:
+        """Per flow (k, d): b(0) of every projection it drives (the solve's initial state)."""
+        return [torch.stack([p.bias for p in projections]) for _, projections in self.members]
+
+    def _layout(self) -> tuple:
+        return tuple((len(projections), projections[0].bias.shape, projections[0].bias.dtype,
+                      projections[0].bias.device) for _, projections in self.members)
 
     def _epochs(self) -> tuple:
         return tuple(flow._epoch for flow in self.flows)
@@ -566,8 +574,9 @@ class FloaterPositions:
     def _key(self) -> tuple:
         key = []
         for flow, projections in self.members:
-            key += [flow._generation, flow._num_updates]
-            key += [(p.data_ptr(), p._version) for p in [q.bias for q in projections] + list(flow.parameters())]
+            h = flow.dynamics  # its four parameters, read directly (parameters() walks the module tree)
+            tensors = [q.bias for q in projections] + [h.fc1.weight, h.fc1.bias, h.fc2.weight, h.fc2.bias]
+            key += [flow._generation, flow._num_updates] + [(p.data_ptr(), p._version) for p in tensors]
         return tuple(key)
 
     @torch.no_grad()
@@ -606,26 +615,31 @@ def check_flow_settings(dt, method, rtol, atol, update_every, hidden):
 class PositionBiasedLinear(nn.Linear):
     """A Linear map whose bias depends on the token's position: y_i = W x_i + b(0) + Δb(t_i) (eq. 12).
 
-    ``self.bias`` is b(0). Between ``bind_position_biases`` enter and exit, ``position_delta`` holds
-    Δb rows (P, out_features) and ``position_rows`` the row of each input token, (T, B) or (T, 1);
-    otherwise the module is an ordinary Linear.
+    ``self.bias`` is b(0). Between ``bind_position_biases`` enter and exit, ``position_binding`` is either
+    (Δb rows (P, out_features), the row of each input token (T, B) or (T, 1), or a function returning
+    them, called when the projection runs) or the whole bias b(0) + Δb(t) of one position shared by every
+    token (a step of incremental decoding); otherwise None and the module is an ordinary Linear.
     """
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=True)
-        self.position_delta: Optional[Tensor] = None
-        self.position_rows: Optional[Tensor] = None
+        self.position_binding = None
 
     def forward(self, x: Tensor) -> Tensor:  # x: (T, B, in_features)
+        binding = self.position_binding
+        if binding is None:
+            return super().forward(x)
+        if isinstance(binding, Tensor):
+            return F.linear(x, self.weight, binding)
         y = super().forward(x)
-        if self.position_delta is None:
-            return y
-        rows = self.position_rows
+        delta, rows = binding
+        if callable(rows):
+            rows = rows()
         if rows.size(1) not in (1, y.size(1)):
             # Beam search: encoder-decoder attention projects one copy of the encoder states per
             # sentence (MultiheadAttention.beam_size), the first of each group of hypotheses.
             rows = rows.view(rows.size(0), y.size(1), -1)[:, :, 0]
-        return y + self.position_delta[rows]  # (T, B, out) + (T, B|1, out)
+        return y + delta[rows]  # (T, B, out) + (T, B|1, out)
 
 
 def enable_position_biases(attention: nn.Module, names=("q_proj", "k_proj", "v_proj")) -> nn.Module:
@@ -642,15 +656,25 @@ def enable_position_biases(attention: nn.Module, names=("q_proj", "k_proj", "v_p
 
 
 @contextmanager
-def bind_position_biases(projections: List[PositionBiasedLinear], delta: Tensor, rows: Tensor):
-    """For one forward, projection j adds Δb[:, j] at the row of each token. delta: (P, k, d)."""
-    for j, proj in enumerate(projections):
-        proj.position_delta, proj.position_rows = delta[:, j], rows
+def bind_position_biases(projections: List[PositionBiasedLinear], delta: Tensor, rows):
+    """For one forward, projection j adds Δb[:, j] at the row of each token. delta: (P, k, d).
+
+    rows: (T, B) or (T, 1) grid rows, a function returning them (called only if a projection runs), or one
+    int row for every token: then each projection's bias is b_j(0) + Δb[row, j], formed once.
+    """
+    # object.__setattr__: nn.Module's own __setattr__ costs microseconds per call, every decoding step.
+    if isinstance(rows, int):
+        biases = torch.stack([proj.bias for proj in projections]) + delta[rows]  # (k, d)
+        for proj, bias in zip(projections, biases.unbind(0)):
+            object.__setattr__(proj, "position_binding", bias)
+    else:
+        for proj, delta_j in zip(projections, delta.unbind(1)):
+            object.__setattr__(proj, "position_binding", (delta_j, rows))
     try:
         yield
     finally:
         for proj in projections:
-            proj.position_delta = proj.position_rows = None
+            object.__setattr__(proj, "position_binding", None)
 
 
 def token_rows(tokens: Tensor, padding_idx: int) -> Tensor:
