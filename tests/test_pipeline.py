@@ -3,6 +3,7 @@ import json
 import re
 import sys
 
+import pytest
 import sacrebleu
 
 from conftest import BIN, REPO, run
@@ -78,15 +79,25 @@ def test_prepare_refuses_misaligned_corpus(tmp_path):
     assert not (tmp_path / "out" / "bin").exists()
 
 
-def test_hydra_config_trains(toy_data, tmp_path):
+# transformer_tiny: 184 symbols x 64 + 2 + 2 layers; relative: + 4 self-attention layers x 2 tables x 2 heads x (2k+1 = 9) x 32; + 2 learned tables of
+# (1024 + 2) x 64; the CLI builds the same counts (tests/test_configs.py checks the WMT cells that way).
+HYDRA_MODELS = {
+    "transformer_tiny": ([], 146_176),
+    "relative_transformer_tiny": ([], 146_176 + 4 * 2 * 2 * 9 * 32),
+    "transformer_every_layer_pos_tiny": (["+model.learned_pos=true"], 146_176 + 2 * 1026 * 64),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(HYDRA_MODELS))
+def test_hydra_config_trains(toy_data, tmp_path, arch):
+    """configs/toy_transformer.yaml with each model: the plugins' own flags survive Hydra's DictConfig."""
+    overrides, n_params = HYDRA_MODELS[arch]
     save = tmp_path / "hydra"
     out = run([str(BIN / "fairseq-hydra-train"), "--config-dir", "configs", "--config-name", "toy_transformer",
-               f"task.data={toy_data / 'bin'}", "optimization.max_update=5", f"checkpoint.save_dir={save}",
-               f"hydra.run.dir={tmp_path / 'hydra_out'}"]).stdout
+               f"task.data={toy_data / 'bin'}", "optimization.max_update=3", f"checkpoint.save_dir={save}",
+               f"hydra.run.dir={tmp_path / 'hydra_out'}", f"model._name={arch}", *overrides]).stdout
     assert (save / "checkpoint_last.pt").is_file()
-    # same model as the CLI recipe (transformer_tiny, shared embeddings): 184 symbols * 64 + 2 encoder layers
-    # (4 * (64*64 + 64) attention + 2 * (64*64 + 64) FFN + 2 layer norms) + 2 decoder layers (2 attentions)
-    assert "num. shared model params: 146,176" in out
+    assert f"num. shared model params: {n_params:,}" in out
 
 
 def test_tiny_transformer_learns_toy_task(toy_data, toy_models):

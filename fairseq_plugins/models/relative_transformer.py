@@ -34,6 +34,7 @@ from fairseq.models.transformer import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+from ._config import as_namespace
 from ..modules.relative_attention import RelativeMultiheadAttention
 
 
@@ -134,6 +135,7 @@ class RelativeTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
         relative_transformer(args)  # make sure every relative option is present
         k = args.max_relative_positions
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:

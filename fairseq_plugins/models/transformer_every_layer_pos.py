@@ -33,6 +33,8 @@ from fairseq.models.transformer import (
 from fairseq.modules import LearnedPositionalEmbedding
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+from ._config import as_namespace
+
 
 @register_model("transformer_every_layer_pos")
 class TransformerEveryLayerPosModel(TransformerModel):
@@ -48,6 +50,7 @@ class TransformerEveryLayerPosModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
         every_layer_pos_defaults(args)
         if args.learned_pos:
             args.encoder_learned_pos = args.decoder_learned_pos = True
