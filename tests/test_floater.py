@@ -84,11 +84,12 @@ def batch(bsz=3, src_len=7, tgt_len=6, seed=0):
 
 
 def count_solves(monkeypatch):
+    """Record every torchdiffeq call made by the FLOATER module: the number of grid points it solves for."""
     calls = []
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return odeint(*args, **kwargs)
+    def counting(func, y0, t, *args, **kwargs):
+        calls.append(t.numel())
+        return odeint(func, y0, t, *args, **kwargs)
 
     monkeypatch.setattr(floater, "odeint", counting)
     return calls
@@ -206,8 +207,7 @@ def test_one_solve_per_training_forward_for_the_longest_sequence(monkeypatch, la
     model = floater_model(floater_layers=layers).train()
     calls = count_solves(monkeypatch)
     model(*batch(src_len=src_len, tgt_len=tgt_len))
-    assert len(calls) == 1
-    assert all(delta.size(0) == max(src_len, tgt_len) for delta in model.floater_positions._cache.delta)
+    assert calls == [max(src_len, tgt_len)]
 
 
 def test_every_flow_solved_together_equals_each_flow_alone():
@@ -218,7 +218,7 @@ def test_every_flow_solved_together_equals_each_flow_alone():
     pairs = [(model.encoder.floater_flow, model.encoder.floater_projections),
              (model.decoder.floater_flow, model.decoder.floater_projections),
              (model.decoder.floater_cross_flow, model.decoder.floater_cross_projections)]
-    for (flow, projections), joint in zip(pairs, model.floater_positions._cache.delta):
+    for (flow, projections), joint in zip(pairs, model.floater_positions._eval_cache.delta):
         with torch.no_grad():
             alone = flow([p.bias for p in projections], joint.size(0))
         torch.testing.assert_close(joint, alone, rtol=0, atol=1e-12)
@@ -377,7 +377,7 @@ def test_long_inputs_extend_the_cache_and_match_a_fresh_solve(monkeypatch):
     model = floater_model().eval()
     src, lengths, prev = batch(src_len=8)
     model(src, lengths, prev)  # cache holds 64 rows
-    cached = model.floater_positions._cache.delta[0].size(0)
+    cached = model.floater_positions._eval_cache.delta[0].size(0)
     long_src, long_prev = torch.randint(4, VOCAB, (2, 4 * cached)), torch.randint(4, VOCAB, (2, 4 * cached))
     calls = count_solves(monkeypatch)
     out = model(long_src, long_src.ne(PAD).sum(1), long_prev)[0]
@@ -386,7 +386,7 @@ def test_long_inputs_extend_the_cache_and_match_a_fresh_solve(monkeypatch):
     for flow in flows(fresh):
         flow.invalidate_cache()
     torch.testing.assert_close(out, fresh(long_src, long_src.ne(PAD).sum(1), long_prev)[0], rtol=0, atol=1e-8)
-    assert all(delta.size(0) >= 4 * cached for delta in model.floater_positions._cache.delta)
+    assert all(delta.size(0) >= 4 * cached for delta in model.floater_positions._eval_cache.delta)
 
 
 # -- caching and gradients -----------------------------------------------------------------------------
@@ -455,23 +455,29 @@ def test_update_every_n_resolves_every_n_updates_and_b0_always_learns(monkeypatc
     for f in facts:
         assert (f["theta_grad"] > 0) == (f["update"] % 3 == 0)
         assert f["b0_grad"] > 0  # b(0) + cached Δb: b(0) keeps its gradient
-    # the counter is module state: it survives a state_dict round trip (checkpoint resume)
+    # the counter and the cache are module state: they survive a state_dict round trip (checkpoint resume)
     assert int(model.encoder.floater_flow.num_updates) == 7
+    state = model.state_dict()
+    assert state["encoder.floater_flow._extra_state"]["delta"].shape[1:] == (6, 64)
     resumed = floater_model(floater_update_every=3, seed=5)
-    resumed.load_state_dict(model.state_dict())
+    resumed.load_state_dict(state)
     assert all(f._num_updates == 7 and int(f.num_updates) == 7 for f in flows(resumed))
-    # first forward after loading solves (no cache), then the schedule goes on: update 7 reuses, 9 re-solves
-    facts = list(train_updates(resumed, 1))
-    assert facts[0]["solved"]
+    facts = list(train_updates(resumed, 1))  # update 7 reuses the cache of update 6
+    assert not facts[0]["solved"] and facts[0]["theta_grad"] == 0
+    # a checkpoint without the cache (saved before it travelled with the model) loads strictly, then solves
+    old = floater_model(floater_update_every=3, seed=5)
+    old.load_state_dict({k: v for k, v in state.items() if not k.endswith("_extra_state")})
+    assert all(f.train_cache is None for f in flows(old))
+    assert next(train_updates(old, 1))["solved"]
 
 
 def test_cached_training_update_uses_cached_values():
     model = floater_model(floater_update_every=4)
     gen = train_updates(model, 2)
     next(gen)
-    cached = [delta.clone() for delta in model.floater_positions._cache.delta]
+    cached = [f.train_cache.delta.clone() for f in flows(model)]
     next(gen)  # update 1: reuse
-    for now, before in zip(model.floater_positions._cache.delta, cached):
+    for now, before in zip([f.train_cache.delta for f in flows(model)], cached):
         torch.testing.assert_close(now[: before.size(0)], before, rtol=0, atol=0)
 
 

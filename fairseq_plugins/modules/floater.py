@@ -89,19 +89,25 @@ Cost and caching (paper §4.4 says one solve costs about 100 forward+backward pa
   one solver call per forward whatever the number of flows.
 - Training, ``update_every = 1``: that solve has gradient every forward: the exact gradient.
 - Training, ``update_every = N > 1`` (the paper's cost trick): the flows re-solve with gradient on updates
-  whose counter is a multiple of N (and on the first forward after building or loading); on the other
-  updates they reuse the cached Δb(t_i) detached from the graph, with no solver work at all, so the bias is
-  ``b(0) + sg[Δb(t_i)]``: b(0) and everything else still get their exact gradient through the first term, θ
-  gets none (its ``.grad`` stays unset; an optimizer with momentum may still move it; under DDP pass
-  --find-unused-parameters). The update counter is each flow's ``num_updates`` buffer, fed by fairseq's
-  ``set_num_updates`` (the index of the update about to run) and saved in checkpoints, so the schedule
-  survives a resume.
-- Eval and inference: Δb is solved once per parameter version (without gradient: eval mode never
-  back-propagates into θ) and reused; incremental decoding then costs no ODE work at all. The cache key holds
+  whose counter is a multiple of N (and on the first forward of a model without a training cache); on the
+  other updates they reuse the cached Δb(t_i) detached from the graph, with no solver work at all, so the
+  bias is ``b(0) + sg[Δb(t_i)]``: b(0) and everything else still get their exact gradient through the first
+  term, θ gets none (its ``.grad`` stays unset; an optimizer with momentum may still move it; under DDP pass
+  --find-unused-parameters). The cache is a function of the training state only: each flow keeps its part
+  (b(0), Δb and a frozen copy of θ as of the re-solve) and saves it in its state dict (``_extra_state``;
+  checkpoints without it load and re-solve), so a resumed run reuses exactly what the interrupted one would
+  have; a batch longer than the cache extends it with the frozen θ, so positions past the re-solving batch
+  do not depend on its length; evaluation never replaces it. The update counter is each flow's
+  ``num_updates`` buffer, fed by fairseq's ``set_num_updates`` (the index of the update about to run) and
+  saved in checkpoints, so the schedule survives a resume too.
+- Eval and inference: a separate cache. Δb is solved once per parameter version (without gradient: eval
+  mode never back-propagates into θ) and reused; incremental decoding then costs no ODE work at all, and each
+  decoding step adds one bias per projection, b(0) + Δb(t), to an ordinary linear map. The cache key holds
   the parameters' ``data_ptr`` and ``_version`` counters, the update counter and a counter bumped by
-  ``train()``/``eval()``; ``load_state_dict`` drops the cache. (fairseq's Adam updates weights through
-  ``p.data``, which does not bump ``_version``: the trainer's ``set_num_updates`` and ``train()`` calls cover
-  that. After editing weights by hand through ``.data`` call ``invalidate_cache()`` on a flow.)
+  ``train()``/``eval()``; ``load_state_dict`` drops it. (fairseq's Adam updates weights through ``p.data``,
+  which does not bump ``_version``: the trainer's ``set_num_updates`` and ``train()`` calls cover that.
+  After editing weights by hand through ``.data`` call ``invalidate_cache()`` on a flow: it drops both
+  caches.)
 - Any length: a sequence longer than the cache extends it (all flows, one solver call) by integrating from
   the last cached grid point. For fixed-grid solvers the steps are the same as one solve from 0, so the
   values are the same (up to float rounding); adaptive solvers restart their step-size control at the old
@@ -112,6 +118,7 @@ The authors' code used Δ = 0.01 (the paper, Appendix B, states Δ = 0.1, the de
 at Δ/5, the adjoint method and a bias cache refreshed every 400 forwards.
 """
 
+import copy
 from contextlib import contextmanager
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
@@ -342,25 +349,26 @@ def _solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, t: Tensor) ->
 
 
 def solve_flows(
-    flows: Sequence["FloaterFlow"], initial: Sequence[Tensor], num_points: int, first_index: int = 0
+    flows: Sequence["FloaterFlow"], initial: Sequence[Tensor], num_points: int, first_index: int = 0,
+    dynamics: Optional[Sequence[FloaterDynamics]] = None,
 ) -> List[Tensor]:
     """y(t_i), i = first_index .. first_index + num_points − 1, of several flows in one torchdiffeq call.
 
     ``initial[f]`` (k_f, d) is flow f's state at t_first_index; returns one (num_points, k_f, d) per flow. The
-    flows must share their solver settings. See "The solve" in the module docstring (adaptive solvers: one
-    call per flow).
+    flows must share their solver settings; ``dynamics`` replaces their θ (a cached copy). See "The solve"
+    in the module docstring (adaptive solvers: one call per flow).
     """
     lead = flows[0]
+    dynamics = list(dynamics) if dynamics is not None else [flow.dynamics for flow in flows]
     if num_points == 1:
         return [y.unsqueeze(0) for y in initial]
     if lead.method not in FIXED_GRID_SOLVERS:
-        return [solve_on_grid(flow.dynamics, y0, num_points, lead.dt, lead.method, lead.rtol, lead.atol,
-                              lead.adjoint, first_index) for flow, y0 in zip(flows, initial)]
+        return [solve_on_grid(h, y0, num_points, lead.dt, lead.method, lead.rtol, lead.atol,
+                              lead.adjoint, first_index) for h, y0 in zip(dynamics, initial)]
     rows = [y.size(0) for y in initial]
     K = max(rows)
     y0 = torch.stack([F.pad(y, (0, 0, 0, K - k)) for y, k in zip(initial, rows)])  # (F, K, d)
     t = _grid_times(num_points, lead.dt, first_index, y0.device)
-    dynamics = [flow.dynamics for flow in flows]
     if lead.latent:
         y = _solve_latent(dynamics, y0, t).transpose(0, 1)  # (P, F, K, d)
     else:
@@ -376,13 +384,33 @@ def solve_flows(
 # -- one flow --------------------------------------------------------------------------------------------
 
 
+class _TrainCache(NamedTuple):
+    """One flow's last training re-solve (``update_every`` > 1), detached: reused until the next re-solve."""
+
+    y0: Tensor  # (k, d) the initial values b(0) it was solved from
+    delta: Tensor  # (P, k, d) Δb(t_i) = b(t_i) − b(0)
+    dynamics: "FloaterDynamics"  # a frozen copy of θ as it was: longer sequences extend the cache with it
+
+    def to(self, like: Tensor) -> "_TrainCache":
+        return _TrainCache(self.y0.to(like), self.delta.to(like), self.dynamics.to(like))
+
+
+def _frozen_copy(dynamics: FloaterDynamics) -> FloaterDynamics:
+    frozen = copy.deepcopy(dynamics)
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    return frozen
+
+
 class FloaterFlow(nn.Module):
     """One flow θ that moves k bias vectors along the position grid, with its solver settings.
 
     ``flow(initial, num_positions)`` takes the k initial values b_j(0) (each (d,); the projections' bias
     parameters) and returns Δb of shape (num_positions, k, d) with ``b_j(t_i) = b_j(0) + Δb[i, j]``, solving
     this flow alone (with gradient when gradients are on; nothing cached). A model solves and caches its flows
-    together through ``FloaterPositions``.
+    together through ``FloaterPositions``; the flow keeps its part of the training cache (``train_cache``),
+    which its state dict carries (``_extra_state``) so that a resumed run continues exactly.
     """
 
     def __init__(
@@ -407,7 +435,8 @@ class FloaterFlow(nn.Module):
         self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
         self._num_updates = 0  # host copy of the buffer (no device sync per forward)
         self._generation = 0  # bumped by train()/eval(); part of the eval cache key
-        self._epoch = 0  # bumped by invalidate_cache() and load_state_dict: drops any cache of this flow
+        self._epoch = 0  # bumped by invalidate_cache() and load_state_dict: drops the eval cache
+        self.train_cache: Optional[_TrainCache] = None
         self.num_solves = 0  # solver calls that included this flow (diagnostics)
 
     def extra_repr(self) -> str:
@@ -427,13 +456,29 @@ class FloaterFlow(nn.Module):
         self._generation += 1
         return super().train(mode)
 
+    def get_extra_state(self) -> dict:
+        cache = self.train_cache
+        if cache is None:
+            return {}
+        return {"y0": cache.y0, "delta": cache.delta, "theta": cache.dynamics.state_dict()}
+
+    def set_extra_state(self, state: dict):
+        self.train_cache = None
+        if state:
+            dynamics = _frozen_copy(self.dynamics)
+            dynamics.load_state_dict(state["theta"])
+            self.train_cache = _TrainCache(state["y0"], state["delta"], dynamics)
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        state_dict.setdefault(prefix + "_extra_state", {})  # checkpoints saved before the cache travelled
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._num_updates = int(self.num_updates)
-        self.invalidate_cache()
+        self._epoch += 1  # the eval cache goes; the training cache came with the state dict
 
     def invalidate_cache(self):
+        """Drop every cached solve of this flow (e.g. after editing its weights by hand through ``.data``)."""
         self._epoch += 1
+        self.train_cache = None
 
     # -- the biases --------------------------------------------------------------------------------
     def forward(self, initial: Sequence[Tensor], num_positions: int) -> Tensor:
@@ -450,12 +495,12 @@ class FloaterFlow(nn.Module):
 
 
 def solve_checked(flows: Sequence[FloaterFlow], initial: Sequence[Tensor], num_points: int,
-                  first_index: int = 0) -> List[Tensor]:
+                  first_index: int = 0, dynamics: Optional[Sequence[FloaterDynamics]] = None) -> List[Tensor]:
     """``solve_flows`` that counts the solve and raises ``FloaterSolverError`` for failures and non-finite values."""
     for flow in flows:
         flow.num_solves += 1
     try:
-        ys = solve_flows(flows, initial, num_points, first_index)
+        ys = solve_flows(flows, initial, num_points, first_index, dynamics)
     except AssertionError as err:  # torchdiffeq reports e.g. "underflow in dt" this way
         raise FloaterSolverError(flows[0].describe_failure(first_index, num_points, str(err))) from err
     if not bool(torch.stack([torch.isfinite(y).all() for y in ys]).all()):
@@ -466,26 +511,28 @@ def solve_checked(flows: Sequence[FloaterFlow], initial: Sequence[Tensor], num_p
 # -- a model's flows -------------------------------------------------------------------------------------
 
 
-class _Cache(NamedTuple):
-    key: tuple
+class _EvalCache(NamedTuple):
+    key: tuple  # parameter versions, update counters, train()/eval() generations
     epochs: tuple  # the flows' _epoch counters when solved
     layout: tuple  # per flow: rows, bias shape, dtype, device
-    y0: List[Tensor]  # per flow (k, d): the initial values the cached deltas were solved from
-    delta: List[Tensor]  # per flow (P, k, d): Δb(t_i) = b(t_i) − b(0), detached
+    y0: List[Tensor]  # per flow (k, d): b(0) it was solved from
+    delta: List[Tensor]  # per flow (P, k, d): Δb(t_i)
 
 
 class FloaterPositions:
     """A model's flows, each with the projections whose biases it drives, solved and cached together.
 
     ``biases(flow, n)`` returns that flow's Δb (n, k, d). Inside ``forward_pass(n)`` (one model forward,
-    n = its longest sequence) the first request solves every flow, or takes them from the cache, and the
-    other requests reuse that result; outside, every request does the same on its own. A plain object,
-    not a module: the flows and projections stay where they are in the module tree (parameter names).
+    n = its longest sequence) the first request solves every flow, or takes them from a cache, and the
+    other requests reuse that result; outside, every request does the same on its own. Two caches: the
+    training one (``update_every`` > 1; kept by the flows, saved with them) and the eval one (here); eval
+    never touches the training cache. A plain object, not a module: the flows and projections stay where
+    they are in the module tree (parameter names).
     """
 
     def __init__(self):
         self.members: List[Tuple[FloaterFlow, List[nn.Module]]] = []
-        self._cache: Optional[_Cache] = None
+        self._eval_cache: Optional[_EvalCache] = None
         self._pass_depth = 0
         self._pass_length = 0
         self._pass_result: Optional[List[Tensor]] = None
@@ -494,7 +541,7 @@ class FloaterPositions:
         if self.members and flow.settings() != self.members[0][0].settings():
             raise ValueError("flows solved together must share their solver settings")
         self.members.append((flow, list(projections)))
-        self._cache = None
+        self._eval_cache = None
 
     @classmethod
     def joined(cls, *groups: "FloaterPositions") -> "FloaterPositions":
@@ -533,32 +580,72 @@ class FloaterPositions:
         return result[index][:num_positions]
 
     def invalidate_cache(self):
-        self._cache = None
+        for flow in self.flows:
+            flow.invalidate_cache()
 
     # -- solving and caching -------------------------------------------------------------------------
     def _deltas(self, num_positions: int) -> List[Tensor]:
+        lead = self.members[0][0]
+        if lead.training:
+            return self._train_deltas(num_positions)
+        return self._eval_deltas(num_positions)
+
+    def _train_deltas(self, num_positions: int) -> List[Tensor]:
         flows = self.flows
         lead = flows[0]
-        cache = self._cache
-        compatible = cache is not None and cache.epochs == self._epochs() and cache.layout == self._layout()
-        if lead.training:
-            if not compatible or lead.update_every == 1 or lead._num_updates % lead.update_every == 0:
+        caches = self._train_caches() if lead.update_every > 1 else None
+        if caches is None or lead._num_updates % lead.update_every == 0:
+            b0 = self._initial()
+            ys = solve_checked(flows, b0, num_positions)  # exact gradient to θ and b(0)
+            deltas = [y - b for y, b in zip(ys, b0)]
+            if lead.update_every > 1:
+                for flow, b, delta in zip(flows, b0, deltas):
+                    flow.train_cache = _TrainCache(b.detach(), delta.detach(), _frozen_copy(flow.dynamics))
+            return deltas
+        # Reuse, detached. Longer sequences extend the cache with the θ it was solved with.
+        y0, delta = [c.y0 for c in caches], [c.delta for c in caches]
+        delta = self._extended(y0, delta, num_positions, [c.dynamics for c in caches])
+        for flow, cache, d in zip(flows, caches, delta):
+            flow.train_cache = cache._replace(delta=d)
+        return delta
+
+    def _train_caches(self) -> Optional[List[_TrainCache]]:
+        """The flows' training caches, on the biases' device and dtype; None unless every flow has one."""
+        caches = []
+        for flow, projections in self.members:
+            cache, bias = flow.train_cache, projections[0].bias
+            if cache is None or cache.y0.shape != (len(projections), bias.size(0)):
+                return None
+            if cache.y0.device != bias.device or cache.y0.dtype != bias.dtype:
+                cache = flow.train_cache = cache.to(bias)
+            caches.append(cache)
+        return caches
+
+    def _eval_deltas(self, num_positions: int) -> List[Tensor]:
+        cache, key = self._eval_cache, self._key()
+        if (cache is None or cache.epochs != self._epochs() or cache.layout != self._layout()
+                or cache.key != key):
+            with torch.no_grad():
                 b0 = self._initial()
-                ys = solve_checked(flows, b0, num_positions)  # exact gradient to θ and b(0)
-                deltas = [y - b for y, b in zip(ys, b0)]
-                self._cache = _Cache(self._key(), self._epochs(), self._layout(), [b.detach() for b in b0],
-                                     [delta.detach() for delta in deltas])
-                return deltas
-        else:
-            key = self._key()
-            if not compatible or cache.key != key:
-                with torch.no_grad():
-                    consts = self._initial()
-                    ys = solve_checked(flows, consts, _cache_size(num_positions))
-                    self._cache = _Cache(key, self._epochs(), self._layout(), consts,
-                                         [y - b for y, b in zip(ys, consts)])
-        self._extend_cache(num_positions)
-        return self._cache.delta
+                ys = solve_checked(self.flows, b0, _cache_size(num_positions))
+            cache = self._eval_cache = _EvalCache(key, self._epochs(), self._layout(), b0,
+                                                  [y - b for y, b in zip(ys, b0)])
+        delta = self._extended(cache.y0, cache.delta, num_positions)
+        if delta is not cache.delta:
+            self._eval_cache = cache._replace(delta=delta)
+        return delta
+
+    @torch.no_grad()
+    def _extended(self, y0: List[Tensor], delta: List[Tensor], num_positions: int,
+                  dynamics: Optional[List[FloaterDynamics]] = None) -> List[Tensor]:
+        """delta extended to at least num_positions rows (a power of two) by integrating from its last row."""
+        have = delta[0].size(0)
+        if have >= num_positions:
+            return delta
+        want = _cache_size(max(num_positions, 2 * have))
+        last = [b + d[-1] for b, d in zip(y0, delta)]  # b(t_{have−1})
+        more = solve_checked(self.flows, last, want - have + 1, first_index=have - 1, dynamics=dynamics)
+        return [torch.cat([d, m[1:] - b]) for d, m, b in zip(delta, more, y0)]
 
     def _initial(self) -> List[Tensor]:
         """Per flow (k, d): b(0) of every projection it drives (the solve's initial state)."""
@@ -578,18 +665,6 @@ class FloaterPositions:
             tensors = [q.bias for q in projections] + [h.fc1.weight, h.fc1.bias, h.fc2.weight, h.fc2.bias]
             key += [flow._generation, flow._num_updates] + [(p.data_ptr(), p._version) for p in tensors]
         return tuple(key)
-
-    @torch.no_grad()
-    def _extend_cache(self, num_positions: int):
-        cache = self._cache
-        have = cache.delta[0].size(0)
-        if have >= num_positions:
-            return
-        want = _cache_size(max(num_positions, 2 * have))
-        last = [y0 + delta[-1] for y0, delta in zip(cache.y0, cache.delta)]  # b(t_{have−1})
-        more = solve_checked(self.flows, last, want - have + 1, first_index=have - 1)
-        self._cache = cache._replace(delta=[torch.cat([delta, m[1:] - y0])
-                                            for delta, m, y0 in zip(cache.delta, more, cache.y0)])
 
 
 def _cache_size(n: int) -> int:
