@@ -243,16 +243,26 @@ def _split_weights(dynamics: Sequence[FloaterDynamics]):
     return W1, w1, c1, W2, w2, c2
 
 
+def _rk4_stage_times(grid: Tensor) -> Tensor:
+    """The times at which torchdiffeq's rk4 evaluates the dynamics, in order: per step t0, t0 + δ/3,
+    t0 + 2δ/3, t1 (δ = t1 − t0), with torchdiffeq's own float64 arithmetic (rk4_alt_step_func)."""
+    t0, t1 = grid[:-1], grid[1:]
+    step = t1 - t0
+    return torch.stack([t0, t0 + step * (1 / 3), t0 + step * (2 / 3), t1], dim=1).reshape(-1)
+
+
 class _LatentDynamics(nn.Module):
     """dz/dτ = W1 h in latent coordinates z = W1 p (F flows stacked), torchdiffeq style.
 
-    Writes each evaluation's u = relu(z + w1 τ + c1) into ``tape[:, n]`` (n = the evaluation's index) and
-    keeps its τ: the stage values the backward pass and q need.
+    The n-th evaluation (stage time τ_n, known in advance) writes u = relu(z + w1 τ_n + c1) into ``tape[:, n]``,
+    the stage values the backward pass and q need, and returns u (W1 W2)ᵀ + (w2 τ_n + c2) W1ᵀ. ``c[:, n]`` and
+    ``e[:, n]`` hold the time terms w1 τ_n + c1 and (w2 τ_n + c2) W1ᵀ; the times torchdiffeq passes are kept
+    to check that they are the τ_n.
     """
 
-    def __init__(self, Mt: Tensor, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor, tape: Tensor):
+    def __init__(self, Mt: Tensor, c: Tensor, e: Tensor, tape: Tensor):
         super().__init__()
-        self.Mt, self.c1, self.w1, self.ec, self.et = Mt, c1, w1, ec, et
+        self.Mt, self.c, self.e = Mt, c, e
         self.tape = tape  # (F, evaluations, K, hidden)
         self.times: List[Tensor] = []
 
@@ -260,10 +270,9 @@ class _LatentDynamics(nn.Module):
         n = len(self.times)
         if n >= self.tape.size(1):
             raise RuntimeError("torchdiffeq's rk4 evaluated the dynamics more often than 4 times per step")
-        u = self.tape[:, n]
-        torch.add(z, torch.addcmul(self.c1, self.w1, t), out=u).relu_()
         self.times.append(t)
-        return torch.baddbmm(torch.addcmul(self.ec, self.et, t), u, self.Mt)  # u (W1 W2)ᵀ + (w2 τ + c2) W1ᵀ
+        u = torch.add(z, self.c[:, n], out=self.tape[:, n]).relu_()
+        return torch.baddbmm(self.e[:, n], u, self.Mt)
 
 
 class _LatentRK4(torch.autograd.Function):
@@ -277,19 +286,23 @@ class _LatentRK4(torch.autograd.Function):
         grid = _subdivide(t, STEPS_PER_DT)
         step_sizes = torch.diff(grid.cpu()).tolist()  # δ of each step, as torchdiffeq computes it (t1 − t0)
         evaluations = 4 * len(step_sizes)
+        times = _rk4_stage_times(grid).to(z0.dtype)  # as torchdiffeq hands them to the dynamics
+        tau = times.view(1, evaluations, 1, 1)
+        c = torch.addcmul(c1.unsqueeze(1), w1.unsqueeze(1), tau)  # (F, evaluations, 1, hidden)
+        e = torch.addcmul(ec.unsqueeze(1), et.unsqueeze(1), tau)
         tape = z0.new_empty(flows, evaluations, rows, hidden)
-        dynamics = _LatentDynamics(Mt, c1, w1, ec, et, tape)
+        dynamics = _LatentDynamics(Mt, c, e, tape)
         odeint(dynamics, z0, t, method="rk4", options=_solver_options("rk4", grid))
-        if len(dynamics.times) != evaluations:
-            raise RuntimeError(f"torchdiffeq's rk4 evaluated the dynamics {len(dynamics.times)} times, "
-                               f"expected {evaluations} (4 per step)")
+        if len(dynamics.times) != evaluations or not torch.equal(torch.stack(dynamics.times), times):
+            raise RuntimeError("torchdiffeq's rk4 did not evaluate the dynamics at the expected stage times "
+                               "(4 per step: t0, t0 + δ/3, t0 + 2δ/3, t1)")
         # q(t_i) = Σ over the steps before t_i of δ Σ_j b_j u_j: weights per evaluation, summed per interval.
         weights = torch.tensor(step_sizes, dtype=z0.dtype)[:, None] * torch.tensor(RK4_WEIGHTS, dtype=z0.dtype)
         per_interval = 4 * STEPS_PER_DT
         weights = weights.reshape(1, points - 1, 1, per_interval).to(z0.device)
         increments = torch.matmul(weights, tape.view(flows, points - 1, per_interval, rows * hidden))
         q = torch.cat([z0.new_zeros(flows, 1, rows * hidden), increments.squeeze(2).cumsum(1)], dim=1)
-        ctx.save_for_backward(tape, Mt, torch.stack(dynamics.times))
+        ctx.save_for_backward(tape, Mt, times)
         ctx.step_sizes = step_sizes
         return q.view(flows, points, rows, hidden)
 
