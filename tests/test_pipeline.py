@@ -85,6 +85,8 @@ HYDRA_MODELS = {
     "transformer_tiny": ([], 146_176),
     "relative_transformer_tiny": ([], 146_176 + 4 * 2 * 2 * 9 * 32),
     "transformer_every_layer_pos_tiny": (["+model.learned_pos=true"], 146_176 + 2 * 1026 * 64),
+    # 3 flows of Linear(65 -> 64) + Linear(65 -> 64)
+    "floater_transformer_tiny": (["+model.floater_update_every=2"], 146_176 + 3 * 2 * (65 * 64 + 64)),
 }
 
 

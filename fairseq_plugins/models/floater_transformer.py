@@ -40,6 +40,7 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+from ._config import as_namespace
 from ..modules.floater import (
     SOLVER_NAMES,
     FloaterFlow,
@@ -140,6 +141,7 @@ class FloaterTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
         floater_defaults(args)
         check_floater_args(args)
         return super().build_model(args, task)
