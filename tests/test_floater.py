@@ -451,24 +451,28 @@ def test_update_every_n_resolves_every_n_updates_and_b0_always_learns(monkeypatc
     calls = count_solves(monkeypatch)
     facts = list(train_updates(model, 7))
     assert [f["solved"] for f in facts] == [k % 3 == 0 for k in range(7)]
-    assert len(calls) == 3  # updates 0, 3, 6; the others do no solver work at all
+    # updates 0, 3, 6: the solve with gradient (7 positions) and the cache's, from the same b(0) and θ without
+    # gradient (16 positions, see FloaterPositions._canonical); the other updates do no solver work at all
+    assert calls == [7, 16] * 3
     for f in facts:
         assert (f["theta_grad"] > 0) == (f["update"] % 3 == 0)
         assert f["b0_grad"] > 0  # b(0) + cached Δb: b(0) keeps its gradient
     # the counter and the cache are module state: they survive a state_dict round trip (checkpoint resume)
     assert int(model.encoder.floater_flow.num_updates) == 7
     state = model.state_dict()
-    assert state["encoder.floater_flow._extra_state"]["delta"].shape[1:] == (6, 64)
+    theta = sum(p.numel() for p in model.encoder.floater_flow.parameters())
+    assert state["encoder.floater_flow._extra_state"].shape == (6 * 64 + theta,)  # b(0) and θ of update 6
     resumed = floater_model(floater_update_every=3, seed=5)
     resumed.load_state_dict(state)
     assert all(f._num_updates == 7 and int(f.num_updates) == 7 for f in flows(resumed))
-    facts = list(train_updates(resumed, 1))  # update 7 reuses the cache of update 6
-    assert not facts[0]["solved"] and facts[0]["theta_grad"] == 0
-    # a checkpoint without the cache (saved before it travelled with the model) loads strictly, then solves
+    calls.clear()
+    facts = list(train_updates(resumed, 1))  # update 7: the cache rebuilt from update 6's b(0) and θ, no gradient
+    assert calls == [16] and facts[0]["theta_grad"] == 0
+    # a checkpoint without the cache (saved before it travelled with the model) loads strictly, then re-solves
     old = floater_model(floater_update_every=3, seed=5)
     old.load_state_dict({k: v for k, v in state.items() if not k.endswith("_extra_state")})
     assert all(f.train_cache is None for f in flows(old))
-    assert next(train_updates(old, 1))["solved"]
+    assert next(train_updates(old, 1))["theta_grad"] > 0
 
 
 def test_cached_training_update_uses_cached_values():

@@ -90,16 +90,19 @@ Cost and caching (paper §4.4 says one solve costs about 100 forward+backward pa
 - Training, ``update_every = 1``: that solve has gradient every forward: the exact gradient.
 - Training, ``update_every = N > 1`` (the paper's cost trick): the flows re-solve with gradient on updates
   whose counter is a multiple of N (and on the first forward of a model without a training cache); on the
-  other updates they reuse the cached Δb(t_i) detached from the graph, with no solver work at all, so the
-  bias is ``b(0) + sg[Δb(t_i)]``: b(0) and everything else still get their exact gradient through the first
-  term, θ gets none (its ``.grad`` stays unset; an optimizer with momentum may still move it; under DDP pass
-  --find-unused-parameters). The cache is a function of the training state only: each flow keeps its part
-  (b(0), Δb and a frozen copy of θ as of the re-solve) and saves it in its state dict (``_extra_state``;
-  checkpoints without it load and re-solve), so a resumed run reuses exactly what the interrupted one would
-  have; a batch longer than the cache extends it with the frozen θ, so positions past the re-solving batch
-  do not depend on its length; evaluation never replaces it. The update counter is each flow's
-  ``num_updates`` buffer, fed by fairseq's ``set_num_updates`` (the index of the update about to run) and
-  saved in checkpoints, so the schedule survives a resume too.
+  other updates they reuse cached Δb(t_i) detached from the graph, with no solver work (unless a batch is
+  longer than the cache), so the bias is ``b(0) + sg[Δb(t_i)]``: b(0) and everything else still get their
+  exact gradient through the first term, θ gets none: it is taken out of autograd for that forward
+  (``requires_grad`` off until the next re-solve or ``train()``/``eval()`` call), so its ``.grad`` stays
+  unset and DDP does not fill in zeros that Adam's momentum would act on (pytorch_ddp needs
+  --find-unused-parameters). The cache is a function of the training state only: each flow keeps b(0) and
+  a frozen copy of θ as of the re-solve, and the cached Δb is solved from those without gradient (right
+  after the re-solve, for 16 positions, then doubled by integrating from the last row as longer batches need
+  it), so its values do not depend on the lengths of the batches a process saw; evaluation never replaces
+  it. b(0) and θ of the re-solve are saved in the flow's state dict (``_extra_state``, one tensor; checkpoints
+  without it load and re-solve), so a resumed run rebuilds exactly the biases the interrupted one was
+  reusing. The update counter is each flow's ``num_updates`` buffer, fed by fairseq's ``set_num_updates``
+  (the index of the update about to run) and saved in checkpoints, so the schedule survives a resume too.
 - Eval and inference: a separate cache. Δb is solved once per parameter version (without gradient: eval
   mode never back-propagates into θ) and reused; incremental decoding then costs no ODE work at all, and each
   decoding step adds one bias per projection, b(0) + Δb(t), to an ordinary linear map. The cache key holds
@@ -398,14 +401,15 @@ def solve_flows(
 
 
 class _TrainCache(NamedTuple):
-    """One flow's last training re-solve (``update_every`` > 1), detached: reused until the next re-solve."""
+    """One flow's state at its last training re-solve (``update_every`` > 1), reused until the next one."""
 
-    y0: Tensor  # (k, d) the initial values b(0) it was solved from
-    delta: Tensor  # (P, k, d) Δb(t_i) = b(t_i) − b(0)
-    dynamics: "FloaterDynamics"  # a frozen copy of θ as it was: longer sequences extend the cache with it
+    y0: Tensor  # (k, d) b(0) as it was
+    dynamics: "FloaterDynamics"  # a frozen copy of θ as it was
+    delta: Optional[Tensor] = None  # (P, k, d) Δb(t_i) solved from those, without gradient (see _canonical)
 
     def to(self, like: Tensor) -> "_TrainCache":
-        return _TrainCache(self.y0.to(like), self.delta.to(like), self.dynamics.to(like))
+        delta = self.delta.to(like) if self.delta is not None else None
+        return _TrainCache(self.y0.to(like), self.dynamics.to(like), delta)
 
 
 def _frozen_copy(dynamics: FloaterDynamics) -> FloaterDynamics:
@@ -450,6 +454,7 @@ class FloaterFlow(nn.Module):
         self._generation = 0  # bumped by train()/eval(); part of the eval cache key
         self._epoch = 0  # bumped by invalidate_cache() and load_state_dict: drops the eval cache
         self.train_cache: Optional[_TrainCache] = None
+        self._paused: List[nn.Parameter] = []  # θ taken out of autograd for cached updates (see pause_theta)
         self.num_solves = 0  # solver calls that included this flow (diagnostics)
 
     def extra_repr(self) -> str:
@@ -467,23 +472,46 @@ class FloaterFlow(nn.Module):
 
     def train(self, mode: bool = True):
         self._generation += 1
+        self.resume_theta()
         return super().train(mode)
 
-    def get_extra_state(self) -> dict:
+    def pause_theta(self):
+        """A cached update: θ takes no part, so it gets no gradient, not even a zero one (DDP backends fill
+        in zeros for parameters that require grad and have none, and Adam's momentum would then move θ)."""
+        if not self._paused:
+            self._paused = [p for p in self.dynamics.parameters() if p.requires_grad]
+            for p in self._paused:
+                p.requires_grad_(False)
+
+    def resume_theta(self):
+        """Undo pause_theta (parameters frozen by the user stay frozen)."""
+        for p in self._paused:
+            p.requires_grad_(True)
+        self._paused = []
+
+    def get_extra_state(self) -> Tensor:
+        """The training cache's state, [b(0) at the re-solve; θ at the re-solve] flattened into one tensor
+        (empty without one): the cached Δb is a function of it alone, so a resumed run rebuilds exactly the
+        biases the interrupted run was reusing."""
         cache = self.train_cache
         if cache is None:
-            return {}
-        return {"y0": cache.y0, "delta": cache.delta, "theta": cache.dynamics.state_dict()}
+            return self.num_updates.new_zeros(0, dtype=self.dynamics.fc1.weight.dtype)
+        return torch.cat([cache.y0.reshape(-1)] + [p.reshape(-1) for p in cache.dynamics.parameters()])
 
-    def set_extra_state(self, state: dict):
+    def set_extra_state(self, state):
         self.train_cache = None
-        if state:
+        if isinstance(state, Tensor) and state.numel() > 0:
             dynamics = _frozen_copy(self.dynamics)
-            dynamics.load_state_dict(state["theta"])
-            self.train_cache = _TrainCache(state["y0"], state["delta"], dynamics)
+            theta = list(dynamics.parameters())
+            y0_size = state.numel() - sum(p.numel() for p in theta)
+            y0, *flat = state.split([y0_size] + [p.numel() for p in theta])
+            with torch.no_grad():
+                for p, values in zip(theta, flat):
+                    p.copy_(values.view_as(p))
+            self.train_cache = _TrainCache(y0.view(-1, self.dynamics.fc2.out_features).clone(), dynamics)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        state_dict.setdefault(prefix + "_extra_state", {})  # checkpoints saved before the cache travelled
+        state_dict.setdefault(prefix + "_extra_state", None)  # checkpoints saved before the cache travelled
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._num_updates = int(self.num_updates)
         self._epoch += 1  # the eval cache goes; the training cache came with the state dict
@@ -608,18 +636,35 @@ class FloaterPositions:
         lead = flows[0]
         caches = self._train_caches() if lead.update_every > 1 else None
         if caches is None or lead._num_updates % lead.update_every == 0:
+            for flow in flows:
+                flow.resume_theta()
             b0 = self._initial()
             ys = solve_checked(flows, b0, num_positions)  # exact gradient to θ and b(0)
-            deltas = [y - b for y, b in zip(ys, b0)]
             if lead.update_every > 1:
-                for flow, b, delta in zip(flows, b0, deltas):
-                    flow.train_cache = _TrainCache(b.detach(), delta.detach(), _frozen_copy(flow.dynamics))
-            return deltas
-        # Reuse, detached. Longer sequences extend the cache with the θ it was solved with.
-        y0, delta = [c.y0 for c in caches], [c.delta for c in caches]
-        delta = self._extended(y0, delta, num_positions, [c.dynamics for c in caches])
-        for flow, cache, d in zip(flows, caches, delta):
-            flow.train_cache = cache._replace(delta=d)
+                caches = [_TrainCache(b.detach().clone(), _frozen_copy(flow.dynamics)) for flow, b in zip(flows, b0)]
+                self._canonical(caches, num_positions)  # now: the cached updates then do no solver work
+            return [y - b for y, b in zip(ys, b0)]
+        for flow in flows:
+            flow.pause_theta()
+        return self._canonical(caches, num_positions)
+
+    def _canonical(self, caches: List[_TrainCache], num_positions: int) -> List[Tensor]:
+        """The cached Δb (at least num_positions rows), without gradient, from the re-solve's b(0) and θ alone:
+        solved for MIN_CACHE positions, then doubled by integrating from the last row as longer batches need.
+        The same rows whatever the lengths of the batches before, so a resumed run, or another process that
+        saw other batches, reuses exactly the same biases. Stored in the flows' ``train_cache``."""
+        flows = self.flows
+        delta = [c.delta for c in caches]
+        if delta[0] is None:
+            with torch.no_grad():
+                ys = solve_checked(flows, [c.y0 for c in caches], MIN_CACHE, dynamics=[c.dynamics for c in caches])
+            delta = [y - c.y0 for y, c in zip(ys, caches)]
+        while delta[0].size(0) < num_positions:
+            delta = self._extended([c.y0 for c in caches], delta, 2 * delta[0].size(0),
+                                   [c.dynamics for c in caches])
+        if delta[0] is not caches[0].delta:
+            for flow, cache, d in zip(flows, caches, delta):
+                flow.train_cache = cache._replace(delta=d)
         return delta
 
     def _train_caches(self) -> Optional[List[_TrainCache]]:
