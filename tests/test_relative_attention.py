@@ -11,6 +11,7 @@ from fairseq.modules import MultiheadAttention
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 from fairseq_plugins.modules.relative_attention import (  # noqa: E402
+    RelativeAttention,
     RelativeMultiheadAttention,
     gather_by_offset,
     relative_index,
@@ -26,9 +27,9 @@ def make_attention(k=K, keys=True, values=True, per_head=True, seed=0):
     return m.double().eval()
 
 
-def naive_relative_attention(m, x, key_padding_mask=None, attn_mask=None):
+def naive_relative_attention(m, x, key_padding_mask=None, attn_mask=None, dropout_keep=None, return_weights=False):
     """e_ij = x_i W^Q (x_j W^K + a^K_ij)^T / sqrt(d_z), z_i = Σ_j α_ij (x_j W^V + a^V_ij), with explicit
-    (T, T, d_z) tensors a_ij = w_clip(j−i, k)."""
+    (T, T, d_z) tensors a_ij = w_clip(j−i, k); attention dropout multiplies α by dropout_keep (B, H, T, T)."""
     T, B, E = x.shape
     H, d, k = m.num_heads, m.head_dim, m.max_relative_positions
 
@@ -56,8 +57,10 @@ def naive_relative_attention(m, x, key_padding_mask=None, attn_mask=None):
     if key_padding_mask is not None:
         e = e.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
     alpha = e.softmax(dim=-1)
-    z = torch.einsum("bhij,bhijd->bhid", alpha, values)
-    return z.permute(2, 0, 1, 3).reshape(T, B, E) @ m.out_proj.weight.T + m.out_proj.bias
+    dropped = alpha if dropout_keep is None else alpha * dropout_keep
+    z = torch.einsum("bhij,bhijd->bhid", dropped, values)
+    out = z.permute(2, 0, 1, 3).reshape(T, B, E) @ m.out_proj.weight.T + m.out_proj.bias
+    return (out, alpha) if return_weights else out
 
 
 def causal_mask(T):
@@ -78,13 +81,15 @@ def test_offset_maps_are_the_explicit_buckets_and_adjoint(k, tgt_len, src_len):
     x = torch.randn(2, tgt_len, 2 * k + 1, dtype=torch.float64, requires_grad=True)
     y = torch.randn(2, tgt_len, src_len, dtype=torch.float64, requires_grad=True)
     buckets = torch.zeros(2, tgt_len, 2 * k + 1, dtype=torch.float64)
+    gathered = torch.zeros(2, tgt_len, src_len, dtype=torch.float64)
     for i in range(tgt_len):
         a = src_len - tgt_len + i  # absolute position of query i
         for j in range(src_len):
             m = max(-k, min(k, j - a)) + k
-            assert index.bucket[i, j] == m
             buckets[:, i, m] += y[:, i, j].detach()
+            gathered[:, i, j] = x[:, i, m].detach()
     torch.testing.assert_close(sum_by_offset(y, index), buckets, rtol=0, atol=1e-12)
+    torch.testing.assert_close(gather_by_offset(x, index), gathered, rtol=0, atol=0)
     torch.testing.assert_close((gather_by_offset(x, index) * y).sum(), (x * sum_by_offset(y, index)).sum())
     assert torch.autograd.gradcheck(lambda t: gather_by_offset(t, index), (x,))
     assert torch.autograd.gradcheck(lambda t: sum_by_offset(t, index), (y,))
@@ -122,7 +127,85 @@ def test_matches_equations_with_causal_mask(per_head):
     torch.testing.assert_close(gx, rx, rtol=0, atol=1e-12)
 
 
-def test_long_sequence_grows_the_shared_index_tables():
+def test_attention_weights_and_their_gradients_match_the_equations():
+    """need_head_weights returns α (B, H, T, S) with gradient, as fairseq's MultiheadAttention does."""
+    m = make_attention()
+    x, pad = inputs(6)
+    x.requires_grad_(True)
+    out, weights = m(x, x, x, key_padding_mask=pad, need_head_weights=True)
+    ref, ref_weights = naive_relative_attention(m, x, key_padding_mask=pad, return_weights=True)
+    torch.testing.assert_close(weights.transpose(0, 1), ref_weights, rtol=0, atol=1e-12)
+    probe_out, probe_w = torch.randn_like(out), torch.randn_like(weights)
+    wrt = [x, m.relative_keys, m.relative_values, m.k_proj.weight]
+    grads = torch.autograd.grad((out * probe_out).sum() + (weights * probe_w).sum(), wrt)
+    ref_grads = torch.autograd.grad((ref * probe_out).sum() + (ref_weights.transpose(0, 1) * probe_w).sum(), wrt)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-12)
+
+
+def test_attention_dropout_matches_the_equations():
+    """Training with attention dropout: z uses α·keep/(1 − p), the weights returned are α before dropout."""
+    torch.manual_seed(0)
+    m = RelativeMultiheadAttention(EMBED, HEADS, K, dropout=0.3).double().train()
+    x, pad = inputs(6)
+    x.requires_grad_(True)
+    torch.manual_seed(5)
+    out, weights = m(x, x, x, key_padding_mask=pad, need_head_weights=True)
+    torch.manual_seed(5)  # the same draws: the module's mask, (B·H, T, S)
+    keep = torch.empty(2 * HEADS, 6, 6, dtype=torch.bool).bernoulli_(0.7).view(2, HEADS, 6, 6).double() / 0.7
+    ref, ref_weights = naive_relative_attention(m, x, key_padding_mask=pad, dropout_keep=keep, return_weights=True)
+    assert not torch.equal(keep, torch.ones_like(keep) / 0.7)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(weights.transpose(0, 1), ref_weights, rtol=0, atol=1e-12)
+    wrt = [x, m.relative_keys, m.relative_values, m.q_proj.weight]
+    probe = torch.randn_like(out)
+    for g, r in zip(torch.autograd.grad((out * probe).sum(), wrt), torch.autograd.grad((ref * probe).sum(), wrt)):
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("per_head", [True, False])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.25])
+def test_attention_function_gradcheck(per_head, dropout_p):
+    """RelativeAttention's written-out backward against finite differences: scores, masks, tables, the weights'
+    own gradient, and dropout (the same mask on every call)."""
+    B, T, d, k = 2, 5, 3, 2
+    N = B * HEADS
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+
+    table = (HEADS, 2 * k + 1, d) if per_head else (2 * k + 1, d)
+    q, key, v, wk, wv = rand(N, T, d), rand(N, T, d), rand(N, T, d), rand(*table), rand(*table)
+    index = relative_index(k, T, T, torch.device("cpu"))
+    pad = torch.zeros(B, 1, 1, T, dtype=torch.bool)
+    pad[1, ..., -1] = True  # with the causal mask, every query keeps a key
+
+    def mask(scores):
+        scores += causal_mask(T)
+        scores.view(B, HEADS, T, T).masked_fill_(pad, float("-inf"))
+
+    def attention(*tensors):
+        torch.manual_seed(3)
+        return RelativeAttention.apply(*tensors, index, HEADS, mask, dropout_p)
+
+    assert torch.autograd.gradcheck(attention, (q, key, v, wk, wv), fast_mode=True)
+
+
+def test_autocast_runs_the_products_in_the_autocast_dtype():
+    m = make_attention().float().train()
+    x, pad = (t.float() if t.is_floating_point() else t for t in inputs(9))
+    x.requires_grad_(True)
+    ref = m(x, x, x, key_padding_mask=pad)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(x, x, x, key_padding_mask=pad)[0]
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=0, atol=5e-2)
+    out.float().sum().backward()
+    assert m.relative_keys.grad.dtype == torch.float32 and torch.isfinite(m.relative_keys.grad).all()
+
+
+def test_long_sequence_matches_the_equations():
     m = make_attention(k=2)
     x, pad = inputs(70, B=1)
     torch.testing.assert_close(m(x, x, x)[0], naive_relative_attention(m, x), rtol=0, atol=1e-12)

@@ -18,64 +18,95 @@ b(i, j) = clip(j − i, k) + k ∈ {0, …, 2k} for the table row of pair (i, j)
     e_ij = q_i·(x_j W^K) + P[i, b(i, j)],     P = q (w^K)^T               (T, 2k+1)   gather_by_offset(P)
     z_i  = Σ_j α_ij (x_j W^V) + Σ_m A_im w^V_m,  A_im = Σ_{j: b(i,j)=m} α_ij   (T, 2k+1)   sum_by_offset(α)
 
-sum_by_offset (α summed into 2k+1 buckets) and gather_by_offset are adjoint linear maps, so each one's backward is
-the other. Neither needs a scatter: with the cumulative sum C_i(p) = Σ_{j≤p} α_ij, the buckets are
-A_i0 = C_i(i−k) (every j ≤ i−k), A_im = C_i(i−k+m) − C_i(i−k+m−1) = α_i,i−k+m for 0 < m < 2k (the diagonals), and
-A_i,2k = C_i(S−1) − C_i(i+k−1) (every j ≥ i+k), i.e. the differences of 2k+1 gathered columns of C.
-Memory stays O(B·H·T·S + B·H·T·(2k+1)). Query i of a call sits at absolute position i + (S − T): S − T is the number
-of steps already cached during incremental decoding, and 0 otherwise, so step-by-step decoding scores exactly what a
-full causal forward scores.
+gather_by_offset and sum_by_offset are adjoint linear maps, so each one's backward is the other. sum_by_offset needs
+no scatter: bucket 0 holds every j ≤ i−k, bucket 2k every j ≥ i+k, and each bucket in between is the single key
+j = i−k+m, so A is 2k−1 gathered diagonals of α and two row sums over the tails (one small matrix product).
+Query i of a call sits at absolute position i + (S − T): S − T is the number of steps already cached during
+incremental decoding, and 0 otherwise, so step-by-step decoding scores exactly what a full causal forward scores.
+
+The attention itself (`RelativeAttention`) is one autograd function whose backward is written out (d· is the gradient
+of the loss, out_i = z_i):
+
+    dA = dz (w^V)^T,  dw^V = A^T dz,  dv = α^T dz,  dα = dz v^T + gather_by_offset(dA)
+    de_ij = α_ij (dα_ij − Σ_j' α_ij' dα_ij') = α_ij (dα_ij − dz_i·z_i)            (softmax; the sum is dz_i·z_i)
+    dP = sum_by_offset(de),  dq = de k + dP w^K,  dk = de^T q,  dw^K = dP^T q
+
+Without attention dropout, a forward and backward allocate two (T, S) tensors per head and sentence: the scores
+(gathered P, the product q k^T accumulated into them, masked and turned into α in place; α is what the backward
+keeps) and dα (gathered dA, dz v^T accumulated, turned into de in place). Memory stays O(B·H·T·S + B·H·T·(2k+1)).
 """
 
+import contextlib
 import math
+from collections import OrderedDict
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 
 class RelativeIndex(NamedTuple):
-    """Where `tgt_len` queries at positions a_i = src_len − tgt_len + i meet `src_len` keys."""
+    """Where `tgt_len` queries at positions a_i = src_len − tgt_len + i meet `src_len` keys, as flat indices into
+    rows of (T·(2k+1)) or (T·S) values (index_select is several times faster than gather with a broadcast index)."""
 
-    bucket: Tensor  # (T, S) long: b(i, j) = clip(j − a_i, k) + k, the table row of each pair
-    cum_column: Tensor  # (T, 2k+1) long: p_im = a_i − k + m for m < 2k and S − 1 for m = 2k, clamped to [0, S−1]
-    before_start: Tensor  # (T, 2k+1) bool: p_im < 0, where C_i(p_im) is an empty sum
+    bucket: Tensor  # (T·S,) long: i·(2k+1) + b(i, j), b(i, j) = clip(j − a_i, k) + k the table row of pair (i, j)
+    diagonal: Tensor  # (T·(2k−1),) long: i·S + j for the key j = a_i − k + m of bucket m, 0 < m < 2k (clamped)
+    outside: Tensor  # (T, 2k−1) bool: that key is not in [0, S−1] (the bucket is empty)
+    tails: Tensor  # (T, 2, S) float: j is in bucket 0 (j ≤ a_i − k), j is in bucket 2k (j ≥ a_i + k)
 
 
-# Index tables shared by every layer, grown on demand: (k, device) -> RelativeIndex over positions 0 … size−1.
-_INDEX_TABLES: Dict[Tuple[int, torch.device], RelativeIndex] = {}
+# Index tensors shared by every layer, for the most recent shapes: (k, T, S, device) -> RelativeIndex.
+_INDEX_CACHE: "OrderedDict[Tuple[int, int, int, torch.device], RelativeIndex]" = OrderedDict()
+_INDEX_CACHE_SIZE = 16
 
 
 def relative_index(k: int, tgt_len: int, src_len: int, device: torch.device) -> RelativeIndex:
-    tables = _INDEX_TABLES.get((k, device))
-    if tables is None or tables.bucket.size(0) < src_len:
-        size = max(64, 1 << (src_len - 1).bit_length())
+    key = (k, tgt_len, src_len, device)
+    index = _INDEX_CACHE.get(key)
+    if index is None:
         with torch.inference_mode(False):  # usable under autograd even if first built during inference
-            pos = torch.arange(size, device=device)
-            column = pos[:, None] - k + torch.arange(2 * k + 1, device=device)
-            column[:, 2 * k] = size  # the last bucket ends at the last key: clamped to S − 1 below
-            tables = RelativeIndex((pos[None, :] - pos[:, None]).clamp(-k, k) + k, column.clamp(min=0), column < 0)
-        _INDEX_TABLES[(k, device)] = tables
-    rows = slice(src_len - tgt_len, src_len)
-    return RelativeIndex(
-        tables.bucket[rows, :src_len], tables.cum_column[rows].clamp(max=src_len - 1), tables.before_start[rows]
-    )
+            T, S = tgt_len, src_len
+            query = torch.arange(S - T, S, device=device)[:, None]  # a_i
+            offset = torch.arange(S, device=device) - query  # j − a_i: (T, S)
+            row = torch.arange(T, device=device)[:, None]
+            diagonal = query - k + torch.arange(1, max(2 * k, 1), device=device)  # (T, 2k−1)
+            tails = (torch.stack([offset <= -k, offset >= k], dim=1) if k > 0
+                     else torch.ones(T, 1, S, dtype=torch.bool, device=device))  # k = 0: one bucket, every key
+            index = RelativeIndex(
+                (offset.clamp(-k, k) + k + row * (2 * k + 1)).view(-1),
+                (diagonal.clamp(0, S - 1) + row * S).view(-1),
+                (diagonal < 0) | (diagonal >= S),
+                tails.float(),
+            )
+        _INDEX_CACHE[key] = index
+        if len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
+            _INDEX_CACHE.popitem(last=False)
+    else:
+        _INDEX_CACHE.move_to_end(key)
+    return index
 
 
 def _gather_by_offset(x: Tensor, index: RelativeIndex) -> Tensor:
     """y_ij = x_i,b(i,j): (…, T, 2k+1) -> (…, T, S)."""
-    return x.gather(-1, index.bucket.expand(x.shape[:-1] + index.bucket.shape[-1:]))
+    S = index.tails.size(-1)
+    return x.reshape(-1, x.size(-2) * x.size(-1)).index_select(1, index.bucket).view(x.shape[:-1] + (S,))
 
 
 def _sum_by_offset(y: Tensor, index: RelativeIndex) -> Tensor:
-    """x_im = Σ_{j: b(i,j)=m} y_ij: (…, T, S) -> (…, T, 2k+1), from cumulative sums (see the module docstring)."""
-    accumulate = torch.promote_types(y.dtype, torch.float32)  # half-precision cumsums would lose the buckets
-    cumulative = y.cumsum(-1, dtype=accumulate)  # C_i(p)
-    g = cumulative.gather(-1, index.cum_column.expand(y.shape[:-1] + index.cum_column.shape[-1:]))
-    g = g.masked_fill(index.before_start, 0.0)  # G_im = Σ_{j: b(i,j) ≤ m} y_ij
-    return torch.diff(g, dim=-1, prepend=g.new_zeros(g.shape[:-1] + (1,))).to(y.dtype)
+    """x_im = Σ_{j: b(i,j)=m} y_ij: (…, T, S) -> (…, T, 2k+1): the two tails' sums and the diagonals between."""
+    T, S = y.shape[-2:]
+    rows = y.reshape(-1, T, S)
+    accumulate = torch.promote_types(y.dtype, torch.float32)  # half-precision sums would lose the buckets
+    # tails: for each query i, masks (2, S) @ keys (S, N): a (T, 2, S) @ (T, S, N) product on a view of the rows
+    tails = torch.bmm(index.tails.to(accumulate), rows.permute(1, 2, 0).to(accumulate)).permute(2, 0, 1)
+    if tails.size(-1) == 1:  # k = 0: one bucket, the whole row
+        return tails.to(y.dtype).reshape(y.shape[:-1] + (1,))
+    diagonals = rows.reshape(rows.size(0), T * S).index_select(1, index.diagonal).view(rows.size(0), T, -1)
+    diagonals = diagonals.masked_fill_(index.outside, 0.0)
+    return torch.cat([tails[..., :1].to(y.dtype), diagonals, tails[..., 1:].to(y.dtype)], -1).view(
+        y.shape[:-1] + (index.outside.size(-1) + 2,))
 
 
 class GatherByOffset(torch.autograd.Function):
@@ -106,6 +137,101 @@ class SumByOffset(torch.autograd.Function):
 
 gather_by_offset = GatherByOffset.apply
 sum_by_offset = SumByOffset.apply
+
+
+def _per_head_product(x: Tensor, table: Tensor, num_heads: int) -> Tensor:
+    """x @ table for every head: x (B·H, T, a), table (H, a, c), or (a, c) shared by the heads -> (B·H, T, c).
+
+    A per-head table is either broadcast over the B sentences (a copy of B·H·a·c values) or multiplied with the
+    queries grouped by head (copies of x and of the result, B·H·T·(a + c) values): whichever copies less, i.e. the
+    broadcast in training and the grouping when decoding one step at a time."""
+    N, T, a = x.shape
+    if table.dim() == 2:
+        return torch.matmul(x, table)
+    c = table.size(-1)
+    if T * (a + c) >= a * c:
+        return torch.matmul(x.view(-1, num_heads, T, a), table).view(N, T, c)
+    grouped = x.view(-1, num_heads, T, a).transpose(0, 1).reshape(num_heads, -1, a)  # (H, B·T, a)
+    return torch.bmm(grouped, table).view(num_heads, -1, T, c).transpose(0, 1).reshape(N, T, c)
+
+
+def _table_gradient(x: Tensor, y: Tensor, table: Tensor, num_heads: int) -> Tensor:
+    """Σ over sentences and queries of x_im y_i: x (B·H, T, 2k+1), y (B·H, T, d_z) -> the table's shape."""
+    N, T, R = x.shape
+    grad = torch.bmm(x.transpose(1, 2), y).view(-1, num_heads, R, y.size(-1)).sum(0)
+    return grad if table.dim() == 3 else grad.sum(0)
+
+
+def _scores(q: Tensor, k: Tensor, relative_keys: Optional[Tensor], index: RelativeIndex, num_heads: int) -> Tensor:
+    """e = q k^T + gather_by_offset(q (w^K)^T): q (B·H, T, d_z), k (B·H, S, d_z) -> (B·H, T, S), in one buffer."""
+    if relative_keys is None:
+        return torch.bmm(q, k.transpose(1, 2))
+    p = _per_head_product(q, relative_keys.transpose(-1, -2), num_heads)  # P: (B·H, T, 2k+1)
+    return _gather_by_offset(p, index).baddbmm_(q, k.transpose(1, 2))
+
+
+class RelativeAttention(torch.autograd.Function):
+    """(q, k, v, w^K, w^V) -> (z, α) with the relative key and value terms, masks and attention dropout; the
+    backward is the one in the module docstring. q: (B·H, T, d_z) already scaled, k and v: (B·H, S, d_z), tables
+    (H, 2k+1, d_z) or (2k+1, d_z) or None; `mask(scores)` applies the attention masks in place; α is float32 at
+    least (as fairseq's softmax), the attention weights; the values are weighted by α in q's dtype, after dropout."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, relative_keys, relative_values, index, num_heads, mask, dropout_p):
+        scores = _scores(q, k, relative_keys, index, num_heads)
+        mask(scores)
+        float_type = torch.promote_types(scores.dtype, torch.float32)
+        alpha = torch.softmax(scores, -1, out=scores) if scores.dtype == float_type else scores.softmax(
+            -1, dtype=float_type)
+        probs = alpha.to(q.dtype)
+        keep = None  # the dropout mask (bool)
+        if dropout_p > 0:
+            keep = torch.empty_like(probs, dtype=torch.bool).bernoulli_(1 - dropout_p)
+            probs = probs * keep * (1 / (1 - dropout_p))
+        out = torch.bmm(probs, v)
+        buckets = None
+        if relative_values is not None:
+            buckets = _sum_by_offset(probs, index)  # A
+            out += _per_head_product(buckets, relative_values, num_heads)
+        ctx.index, ctx.num_heads = index, num_heads
+        ctx.save_for_backward(q, k, v, relative_keys, relative_values, alpha, keep, buckets, out)
+        ctx.dropout_scale = 1 / (1 - dropout_p)
+        ctx.set_materialize_grads(False)  # no gradient for α unless the weights are used
+        return out, alpha
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out, grad_alpha):
+        q, k, v, relative_keys, relative_values, alpha, keep, buckets, out = ctx.saved_tensors
+        index, H = ctx.index, ctx.num_heads
+        grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+        grad_keys = grad_values = None
+        # dα = dz v^T + gather_by_offset(dz (w^V)^T), in one buffer
+        if relative_values is not None:
+            grad_buckets = _per_head_product(grad_out, relative_values.transpose(-1, -2), H)  # dA
+            grad_values = _table_gradient(buckets, grad_out, relative_values, H)
+            grad_probs = _gather_by_offset(grad_buckets, index).baddbmm_(grad_out, v.transpose(1, 2))
+        else:
+            grad_probs = torch.bmm(grad_out, v.transpose(1, 2))
+        probs = alpha.to(q.dtype) if keep is None else alpha.to(q.dtype) * keep * ctx.dropout_scale
+        grad_v = torch.bmm(probs.transpose(1, 2), grad_out)
+        if keep is not None:
+            grad_probs *= keep
+            grad_probs *= ctx.dropout_scale
+        # softmax: de = α (dα − Σ_j α dα), with Σ_j α_ij dα_ij = dz_i·z_i (+ the weights' own gradient)
+        row = (grad_out.to(alpha.dtype) * out.to(alpha.dtype)).sum(-1, keepdim=True)
+        grad_scores = grad_probs.to(alpha.dtype)
+        if grad_alpha is not None:
+            grad_scores = grad_scores + grad_alpha
+            row += (grad_alpha * alpha).sum(-1, keepdim=True)
+        grad_scores = grad_scores.sub_(row).mul_(alpha).to(q.dtype)
+        grad_q = torch.bmm(grad_scores, k)
+        grad_k = torch.bmm(grad_scores.transpose(1, 2), q)
+        if relative_keys is not None:
+            grad_p = _sum_by_offset(grad_scores, index)  # dP
+            grad_q += _per_head_product(grad_p, relative_keys, H)
+            grad_keys = _table_gradient(grad_p, q, relative_keys, H)
+        return grad_q, grad_k, grad_v, grad_keys, grad_values, None, None, None, None
 
 
 class RelativeMultiheadAttention(MultiheadAttention):
@@ -165,10 +291,6 @@ class RelativeMultiheadAttention(MultiheadAttention):
         """(T, B, H·d_z) -> (B·H, T, d_z), fairseq's head layout."""
         return x.contiguous().view(x.size(0), -1, self.head_dim).transpose(0, 1)
 
-    def _per_head(self, table: Tensor) -> Tensor:
-        """A relative table as (H, 2k+1, d_z): per-head tables as they are, a shared one broadcast to every head."""
-        return table if table.dim() == 3 else table.expand(self.num_heads, -1, -1)
-
     def forward(
         self,
         query: Tensor,
@@ -197,42 +319,39 @@ class RelativeMultiheadAttention(MultiheadAttention):
         src_len = k.size(1)
         index = relative_index(self.max_relative_positions, tgt_len, src_len, query.device)
 
-        # e_ij = q_i·(x_j W^K) + q_i·w^K_b(i,j)
-        if self.relative_keys is not None:
-            q4 = q.view(bsz, self.num_heads, tgt_len, self.head_dim)
-            p = torch.einsum("bhtd,hrd->bhtr", q4, self._per_head(self.relative_keys))  # P = q (w^K)^T
-            key_term = gather_by_offset(p, index)  # P[i, b(i, j)]: (B, H, T, S)
-            scores = torch.baddbmm(key_term.view(-1, tgt_len, src_len), q, k.transpose(1, 2))
-        else:
+        def mask(scores: Tensor) -> Tensor:  # in place, keeping the scores' dtype (as fairseq)
+            if attn_mask is not None:
+                if attn_mask.dtype == torch.bool:
+                    scores.masked_fill_(attn_mask, float("-inf"))
+                else:
+                    scores += attn_mask
+            if key_padding_mask is not None:
+                scores.view(bsz, self.num_heads, tgt_len, src_len).masked_fill_(
+                    key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
+            return scores
+
+        if before_softmax:  # e_ij with autograd through the offset gather
             scores = torch.bmm(q, k.transpose(1, 2))
-        if attn_mask is not None:
-            if attn_mask.dtype == torch.bool:
-                scores = scores.masked_fill(attn_mask, float("-inf"))
-            else:
-                scores += attn_mask  # in place: keeps the scores' dtype, as fairseq
-        if key_padding_mask is not None:
-            scores = (
-                scores.view(bsz, self.num_heads, tgt_len, src_len)
-                .masked_fill(key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
-                .view(bsz * self.num_heads, tgt_len, src_len)
-            )
-        if before_softmax:
-            return scores, v
+            if self.relative_keys is not None:
+                p = torch.matmul(q.view(bsz, self.num_heads, tgt_len, -1), self.relative_keys.transpose(-1, -2))
+                scores = scores + gather_by_offset(p, index).view(scores.shape)
+            return mask(scores), v
 
-        # α, in float32 at least (as fairseq's utils.softmax), float64 kept
-        weights_float = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-        probs = self.dropout_module(weights_float.type_as(scores))
-
-        # z_i = Σ_j α_ij (x_j W^V) + Σ_m A_im w^V_m
-        attn = torch.bmm(probs, v).view(bsz, self.num_heads, tgt_len, self.head_dim)
-        if self.relative_values is not None:
-            buckets = sum_by_offset(probs.view(bsz, self.num_heads, tgt_len, src_len), index)  # A: (B, H, T, 2k+1)
-            attn = attn + torch.einsum("bhtr,hrd->bhtd", buckets, self._per_head(self.relative_values))
-        attn = self.out_proj(attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim))
+        dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
+        tensors = (q, k, v, self.relative_keys, self.relative_values)
+        device_type = query.device.type
+        with contextlib.ExitStack() as stack:
+            if torch.is_autocast_enabled(device_type):  # the autocast dtype for every product, as autocast would
+                dtype = torch.get_autocast_dtype(device_type)
+                tensors = tuple(None if t is None else t.to(dtype) for t in tensors)
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+            attn, weights = RelativeAttention.apply(*tensors, index, self.num_heads, mask, dropout_p)
+        attn = self.out_proj(attn.view(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
+                             .reshape(tgt_len, bsz, embed_dim))
 
         attn_weights: Optional[Tensor] = None
         if need_weights:
-            attn_weights = weights_float.view(bsz, self.num_heads, tgt_len, src_len).transpose(1, 0)
+            attn_weights = weights.view(bsz, self.num_heads, tgt_len, src_len).transpose(1, 0)
             if not need_head_weights:
                 attn_weights = attn_weights.mean(dim=0)
         return attn, attn_weights
