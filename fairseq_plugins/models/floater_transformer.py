@@ -17,8 +17,8 @@ incremental decoding step t uses row t.
 
 Not supported (rejected when the model is built): --cross-self-attention, --checkpoint-activations and
 --quant-noise-pq (they change or re-run the attention projections behind the biases' back). With
---floater-update-every N > 1 under DDP, pass --find-unused-parameters: the flows take no part in the updates
-that reuse cached biases.
+--floater-update-every N > 1 and --ddp-backend pytorch_ddp, pass --find-unused-parameters: the flows take no
+part in the updates that reuse cached biases (legacy_ddp needs nothing).
 """
 
 import argparse

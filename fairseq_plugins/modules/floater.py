@@ -390,7 +390,7 @@ def solve_flows(
     else:
         stacked = _StackedDynamics(dynamics)
         kwargs = dict(rtol=lead.rtol, atol=lead.atol, method=lead.method, options=_solver_options(lead.method))
-        if lead.adjoint:
+        if lead.adjoint and torch.is_grad_enabled():
             y = odeint_adjoint(stacked, y0, t, adjoint_params=tuple(stacked.parameters()), **kwargs)
         else:
             y = odeint(stacked, y0, t, **kwargs)
