@@ -31,9 +31,11 @@ of the loss, out_i = z_i):
     de_ij = α_ij (dα_ij − Σ_j' α_ij' dα_ij') = α_ij (dα_ij − dz_i·z_i)            (softmax; the sum is dz_i·z_i)
     dP = sum_by_offset(de),  dq = de k + dP w^K,  dk = de^T q,  dw^K = dP^T q
 
-Without attention dropout, a forward and backward allocate two (T, S) tensors per head and sentence: the scores
-(gathered P, the product q k^T accumulated into them, masked and turned into α in place; α is what the backward
-keeps) and dα (gathered dA, dz v^T accumulated, turned into de in place). Memory stays O(B·H·T·S + B·H·T·(2k+1)).
+The scores are one buffer per call: gathered P, the product q k^T accumulated into it, masked and turned into α in
+place; so is dα (gathered dA, dz v^T accumulated, turned into de in place). As FlashAttention does, the backward
+recomputes α from q and k instead of keeping it from the forward: no (T, S) tensor per layer waits for the backward
+(at T = 256 the saved α would add about 6% to a base model's training memory; recomputing costs about 2% of an
+update, see results/bench.md). Memory stays O(B·H·T·S + B·H·T·(2k+1)) per layer at a time.
 """
 
 import contextlib
@@ -170,6 +172,17 @@ def _scores(q: Tensor, k: Tensor, relative_keys: Optional[Tensor], index: Relati
     return _gather_by_offset(p, index).baddbmm_(q, k.transpose(1, 2))
 
 
+def _attention_weights(q: Tensor, k: Tensor, relative_keys: Optional[Tensor], index: RelativeIndex, num_heads: int,
+                       mask) -> Tensor:
+    """α = softmax_j(e_ij) after the masks, float32 at least (as fairseq's softmax): (B·H, T, S), in the scores' buffer
+    when they are float32 already."""
+    scores = mask(_scores(q, k, relative_keys, index, num_heads))
+    float_type = torch.promote_types(scores.dtype, torch.float32)
+    if scores.dtype == float_type:
+        return torch.softmax(scores, -1, out=scores)
+    return scores.softmax(-1, dtype=float_type)
+
+
 class RelativeAttention(torch.autograd.Function):
     """(q, k, v, w^K, w^V) -> (z, α) with the relative key and value terms, masks and attention dropout; the
     backward is the one in the module docstring. q: (B·H, T, d_z) already scaled, k and v: (B·H, S, d_z), tables
@@ -178,11 +191,7 @@ class RelativeAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, relative_keys, relative_values, index, num_heads, mask, dropout_p):
-        scores = _scores(q, k, relative_keys, index, num_heads)
-        mask(scores)
-        float_type = torch.promote_types(scores.dtype, torch.float32)
-        alpha = torch.softmax(scores, -1, out=scores) if scores.dtype == float_type else scores.softmax(
-            -1, dtype=float_type)
+        alpha = _attention_weights(q, k, relative_keys, index, num_heads, mask)
         probs = alpha.to(q.dtype)
         keep = None  # the dropout mask (bool)
         if dropout_p > 0:
@@ -193,8 +202,8 @@ class RelativeAttention(torch.autograd.Function):
         if relative_values is not None:
             buckets = _sum_by_offset(probs, index)  # A
             out += _per_head_product(buckets, relative_values, num_heads)
-        ctx.index, ctx.num_heads = index, num_heads
-        ctx.save_for_backward(q, k, v, relative_keys, relative_values, alpha, keep, buckets, out)
+        ctx.index, ctx.num_heads, ctx.mask = index, num_heads, mask
+        ctx.save_for_backward(q, k, v, relative_keys, relative_values, keep, buckets, out)  # α is recomputed
         ctx.dropout_scale = 1 / (1 - dropout_p)
         ctx.set_materialize_grads(False)  # no gradient for α unless the weights are used
         return out, alpha
@@ -202,8 +211,9 @@ class RelativeAttention(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, grad_alpha):
-        q, k, v, relative_keys, relative_values, alpha, keep, buckets, out = ctx.saved_tensors
+        q, k, v, relative_keys, relative_values, keep, buckets, out = ctx.saved_tensors
         index, H = ctx.index, ctx.num_heads
+        alpha = _attention_weights(q, k, relative_keys, index, H, ctx.mask)
         grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
         grad_keys = grad_values = None
         # dα = dz v^T + gather_by_offset(dz (w^V)^T), in one buffer
