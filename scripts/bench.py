@@ -14,10 +14,11 @@ B = tokens // T sentences):
 2. Decoding: beam-4 search through fairseq's SequenceGenerator with incremental decoding, random sources of
    length T and min_len = max_len = T, so every model produces exactly T tokens (+ EOS) per sentence and does the
    same number of steps. Reported per sentence.
-3. Peak memory of one training run: each (model, T) in a fresh process forked from a server that has only
+3. Peak memory of one training run: each (model, T) in fresh processes forked from a server that has only
    imported the libraries; two updates (the first creates Adam's state; FLOATER's first re-solves). On CUDA
    torch.cuda.max_memory_allocated; on CPU the process's peak resident set (VmHWM, reset through
-   /proc/self/clear_refs) minus its resident set just before the model is built.
+   /proc/self/clear_refs) minus its resident set just before the model is built; the median of --memory-reps
+   processes (the allocator's high-water mark varies from run to run).
 4. FLOATER's ODE: its share of an exact update is 1 − (cached update) / (exact update), both medians of the same
    rounds: the cached update is the same model doing everything but the solve and its backward.
 
@@ -320,8 +321,10 @@ def run(args):
         jobs = [dict(name=n, arch=specs[n][0], flags=specs[n][1], length=T, bsz=rows[n, T]["batch_sentences"],
                      vocab=args.vocab, device=device, seed=args.seed, threads=torch.get_num_threads())
                 for T in lengths for n in names]
-        for job, mib in measure_memory(jobs, args.memory_workers):
-            rows[job["name"], job["length"]]["peak_memory_mib"] = mib
+        for job, mib in measure_memory(jobs * args.memory_reps, args.memory_workers):
+            row = rows[job["name"], job["length"]]
+            row.setdefault("peak_memory_mib_samples", []).append(mib)
+            row["peak_memory_mib"] = median(row["peak_memory_mib_samples"])
             log(f"memory {job['name']:>18} T={job['length']:<4} {mib:9.1f} MiB")
         loads.append(load_average())
 
@@ -423,7 +426,9 @@ def run(args):
         "wall_s": time.time() - started,
         "memory_method": ("torch.cuda.max_memory_allocated in a fresh process" if device == "cuda" else
                           "peak resident set (VmHWM, reset via /proc/self/clear_refs) minus the resident set just "
-                          "before building the model, one fresh forked process per (model, T)"),
+                          "before building the model, in a fresh process forked from a server that has only "
+                          "imported the libraries")
+                         + f"; building the model and two updates; median of {args.memory_reps} such processes",
         "rows": [rows[n, T] for T in lengths for n in names],
         "profiles": profiles,
         "goals": goals(rows, lengths, cached),
@@ -551,6 +556,7 @@ def main(argv=None):
                         "cpu, where a shared machine's load swings the wall time; wall on cuda). Both are recorded")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    p.add_argument("--memory-reps", type=int, default=3, help="memory probes of each (model, T); the median is reported")
     p.add_argument("--memory-workers", type=int, default=2, help="memory probes run at the same time")
     p.add_argument("--no-decode", action="store_true", help="skip decoding")
     p.add_argument("--profile-length", type=int, default=0, help="profile one update of each model at this T (0: none)")
@@ -561,7 +567,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         for name, value in (("dims", "tiny"), ("threads", 1), ("lengths", "16,32"), ("tokens", 256), ("decode_tokens", 64),
-                            ("vocab", 64), ("warmup", 1), ("reps", "3"), ("decode_reps", "2")):
+                            ("vocab", 64), ("warmup", 1), ("reps", "3"), ("decode_reps", "2"), ("memory_reps", 1)):
             if getattr(args, name) == p.get_default(name):
                 setattr(args, name, value)
     if args.floater_every < 2:
