@@ -277,6 +277,21 @@ def parse_per_length(text, lengths, name):
     return dict(zip(lengths, values))
 
 
+def source_state():
+    """The commit measured, and any plugin file that differs from it (uncommitted changes)."""
+    import subprocess
+
+    def git(*argv):
+        try:
+            return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    changed = git("status", "--porcelain", "--", "fairseq_plugins")
+    return {"commit": git("rev-parse", "HEAD"),
+            "uncommitted_plugin_files": [line[3:] for line in changed.splitlines()] if changed else []}
+
+
 def machine(device):
     info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "cores": os.cpu_count()}
@@ -420,6 +435,7 @@ def run(args):
     return {
         "command": " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
         "machine": machine(device),
+        "source": source_state(),
         "settings": settings,
         "parameters": params,
         "load_average": {"samples": [x for x in loads if x], "start": loads[0], "end": load_average()},
@@ -477,6 +493,10 @@ def markdown(res):
         "# Cost of relative positions and FLOATER, as ratios to fairseq's Transformer",
         "",
         f"Command: `{res['command']}`",
+        "",
+        f"Code: commit `{(res['source']['commit'] or '?')[:12]}`"
+        + (f" with uncommitted changes to {', '.join(f'`{f}`' for f in res['source']['uncommitted_plugin_files'])}"
+           if res["source"]["uncommitted_plugin_files"] else "") + ".",
         "",
         f"Machine: {m.get('gpu', m.get('cpu', '?'))}; {m['cores']} CPU cores, {m['threads']} torch threads, "
         f"torch {m['torch']}, Python {m['python']}, device `{s['device']}`. Load average (1 min) during the run: "
