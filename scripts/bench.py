@@ -543,6 +543,8 @@ def markdown(res):
             ops = ", ".join(f"{o['op']} {100 * o['share']:.0f}%" for o in p["top"][:8])
             extra = "".join(f"; range `{k}` {v:.0f} ms" for k, v in p.get("floater_ranges_ms", {}).items())
             lines.append(f"- `{name}` ({p['total_self_ms']:.0f} ms{extra}): {ops}")
+    if res.get("notes"):
+        lines += ["", res["notes"].strip()]
     return "\n".join(lines) + "\n"
 
 
@@ -584,6 +586,8 @@ def main(argv=None):
     p.add_argument("--out-json", default=str(REPO / "results" / "bench.json"))
     p.add_argument("--out-md", default=str(REPO / "results" / "bench.md"))
     p.add_argument("--silent", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--notes", default=str(REPO / "results" / "bench_notes.md"),
+                   help="markdown appended to --out-md (the analysis of the committed run), if the file exists")
     args = p.parse_args(argv)
     if args.quick:
         for name, value in (("dims", "tiny"), ("threads", 1), ("lengths", "16,32"), ("tokens", 256), ("decode_tokens", 64),
@@ -595,6 +599,7 @@ def main(argv=None):
     if args.clock is None:
         args.clock = "cpu" if args.device == "cpu" else "wall"
     res = run(args)
+    res["notes"] = Path(args.notes).read_text(encoding="utf-8") if args.notes and Path(args.notes).is_file() else None
     for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, markdown(res))):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text)

@@ -11,8 +11,9 @@ MODELS = ["transformer", "relative", "floater", "floater_every100"]
 
 
 def test_quick_benchmark_reports_every_model_and_length(tmp_path):
-    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
-    proc = run([sys.executable, "scripts/bench.py", "--quick", "--silent",
+    out_json, out_md, notes = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "notes.md"
+    notes.write_text("## Analysis\n\nWhat dominates each unmet goal.\n", encoding="utf-8")
+    proc = run([sys.executable, "scripts/bench.py", "--quick", "--silent", "--notes", str(notes),
                 "--out-json", str(out_json), "--out-md", str(out_md)])
     res = json.loads(out_json.read_text())
     md = out_md.read_text()
@@ -52,3 +53,4 @@ def test_quick_benchmark_reports_every_model_and_length(tmp_path):
     assert {g["model"] for g in res["goals"]} == {"relative", "floater", "floater_every100"}
     for heading in ("Command: `scripts/bench.py --quick", "Machine:", "Goals", "Peak memory:"):
         assert heading in md
+    assert md.endswith("\n## Analysis\n\nWhat dominates each unmet goal.\n")  # the notes close the report
