@@ -343,16 +343,23 @@ def run(args):
             log(f"memory {job['name']:>18} T={job['length']:<4} {mib:9.1f} MiB")
         loads.append(load_average())
 
-    entries = {}
-    for n in names:
-        arch, flags, kind = specs[n]
-        task, model, criterion, optimizer = build(arch, flags, dictionary, device, args.seed)
-        entries[n] = {"task": task, "model": model, "criterion": criterion, "optimizer": optimizer,
-                      "updates": 1, "kind": kind}
-    params = {n: sum(p.numel() for p in e["model"].parameters()) for n, e in entries.items()}
+    def fresh_entries():
+        entries = {}
+        for n in names:
+            arch, flags, kind = specs[n]
+            task, model, criterion, optimizer = build(arch, flags, dictionary, device, args.seed)
+            entries[n] = {"task": task, "model": model, "criterion": criterion, "optimizer": optimizer,
+                          "updates": 1, "kind": kind}
+        return entries
 
-    profiles = {}
+    entries, params, profiles = None, None, {}
     for T in lengths:
+        # Fresh models (same seed) at every length: each length measures the same initial state, and a
+        # flow trained on random batches at one length cannot diverge at the next (long grids amplify it).
+        entries = None
+        entries = fresh_entries()
+        if params is None:
+            params = {n: sum(p.numel() for p in e["model"].parameters()) for n, e in entries.items()}
         bsz = rows[names[0], T]["batch_sentences"]
         sample = random_batch(dictionary, bsz, T, device, seed=args.seed + T)
         times = {n: [] for n in names}  # (wall, cpu) pairs
