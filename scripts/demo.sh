@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: the toy task end to end on CPU -- data, tiny models trained with one budget, BLEU overall and by
 # source length (train <= 20 words; test 3-20, test_long 21-80), a table and a plot.
-# A rerun reuses the data and the finished checkpoints (fairseq resumes from checkpoint_last.pt).
+# A rerun reuses the data, the finished checkpoints (fairseq resumes from checkpoint_last.pt) and their
+# translations.
 #   MODELS="transformer_tiny relative_transformer_tiny floater_transformer_tiny"  (archs to train)
 #   EPOCHS=12  (the shared budget)
 set -euo pipefail
@@ -20,12 +21,16 @@ for arch in $MODELS; do
   echo "== $arch: training (log: checkpoints/$exp/train.log)"
   mkdir -p "checkpoints/$exp"
   start=$(date +%s)
-  DATA=data/toy/bin bash scripts/train_toy.sh "$exp" "$arch" > "checkpoints/$exp/train.log" 2>&1 ||
+  DATA=data/toy/bin bash scripts/train_toy.sh "$exp" "$arch" >> "checkpoints/$exp/train.log" 2>&1 ||
     { tail -5 "checkpoints/$exp/train.log" >&2; exit 1; }
   echo "   trained in $(( $(date +%s) - start )) s"
   for subset in test test_long; do
-    bash scripts/generate.sh data/toy "checkpoints/$exp/checkpoint_best.pt" "$subset" "$OUT/$exp.$subset.json" \
-      | sed 's/^/   /'
+    if [ "$OUT/$exp.$subset.json" -nt "checkpoints/$exp/checkpoint_best.pt" ] && [ -s "$OUT/$exp.$subset.hyp" ]; then
+      echo "   reusing $OUT/$exp.$subset.json"
+    else
+      bash scripts/generate.sh data/toy "checkpoints/$exp/checkpoint_best.pt" "$subset" "$OUT/$exp.$subset.json" \
+        | sed 's/^/   /'
+    fi
   done
   python scripts/length_eval.py score --name "${arch%_tiny}" --edges "$EDGES" \
     --src data/toy/raw/test.src data/toy/raw/test_long.src --ref data/toy/raw/test.tgt data/toy/raw/test_long.tgt \
