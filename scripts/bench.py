@@ -352,11 +352,11 @@ def run(args):
                           "updates": 1, "kind": kind}
         return entries
 
-    entries, params, profiles = None, None, {}
+    entries, params, profiles = {}, None, {}
     for T in lengths:
         # Fresh models (same seed) at every length: each length measures the same initial state, and a
         # flow trained on random batches at one length cannot diverge at the next (long grids amplify it).
-        entries = None
+        entries.clear()  # the previous length's models go before the next ones are built
         entries = fresh_entries()
         if params is None:
             params = {n: sum(p.numel() for p in e["model"].parameters()) for n, e in entries.items()}
