@@ -39,6 +39,12 @@ if [ -z "${MULTI30K_DIR:-}" ]; then
   done
 fi
 
+for split in train val test_2016_flickr; do
+  for lang in "$SRC" "$TGT"; do
+    [ -s "$MULTI30K_DIR/$split.$lang" ] ||
+      { echo "run_multi30k.sh: MULTI30K_DIR=$MULTI30K_DIR lacks $split.$lang (expected train, val, test_2016_flickr .$SRC/.$TGT)" >&2; exit 1; }
+  done
+done
 mkdir -p "$DATA/raw" "$OUT"
 if [ ! -s "$DATA/raw/test.$TGT" ]; then
   python scripts/filter_by_length.py --max-words "$MAX_TRAIN_LEN" \

@@ -77,3 +77,14 @@ def test_multi30k_recipe_runs_end_to_end(multi30k_slice, tmp_path):
     assert (results / "table.md").read_text(encoding="utf-8").splitlines() == table
     assert "kept" not in again, "prepared data is reused"
     assert again.count("reusing") == len(MODELS)
+
+
+def test_multi30k_recipe_names_a_missing_file(tmp_path):
+    (tmp_path / "train.en").write_text("a dog runs\n", encoding="utf-8")
+    proc = run(["bash", "scripts/run_multi30k.sh"], check=False, env_extra={
+        "MULTI30K_DIR": str(tmp_path), "DATA_DIR": str(tmp_path / "data"), "OUT_DIR": str(tmp_path / "results"),
+        "CKPT_ROOT": str(tmp_path / "ckpt")})
+    assert proc.returncode != 0
+    assert proc.stdout.strip().splitlines() == [
+        f"run_multi30k.sh: MULTI30K_DIR={tmp_path} lacks train.de (expected train, val, test_2016_flickr .en/.de)"]
+    assert not (tmp_path / "data").exists(), "nothing is written before the input is checked"
