@@ -127,6 +127,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torchdiffeq import odeint, odeint_adjoint
@@ -775,15 +776,76 @@ class PositionBiasedLinear(nn.Linear):
         return y + delta[rows]  # (T, B, out) + (T, B|1, out)
 
 
-def enable_position_biases(attention: nn.Module, names=("q_proj", "k_proj", "v_proj")) -> nn.Module:
-    """Give a fairseq MultiheadAttention position-dependent q/k/v biases (same parameters, same names)."""
+class PositionBiasedMultiheadAttention(MultiheadAttention):
+    """fairseq's MultiheadAttention whose q/k/v projections are ``PositionBiasedLinear``: same parameters, same
+    interface. fairseq's fused path (``F.multi_head_attention_forward``) takes one bias vector per projection, so
+    it cannot apply per-position biases; the biases change q, k and v only, not the attention, so when fairseq
+    would not need the weights this class projects q, k, v itself and calls ``F.scaled_dot_product_attention``
+    (torch's fused kernels, as the Transformer's fused path does) instead of fairseq's Python path, which
+    materialises the (T, S) scores per head. Everything else (incremental decoding, attention weights) is
+    fairseq's own forward."""
+
+    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                key_padding_mask: Optional[Tensor] = None, incremental_state=None, need_weights: bool = True,
+                static_kv: bool = False, attn_mask: Optional[Tensor] = None, before_softmax: bool = False,
+                need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        # static_kv only decides what an incremental state keeps; beam_size > 1 shares encoder states per beam.
+        fused = (incremental_state is None and not (need_weights or need_head_weights or before_softmax)
+                 and key is not None and self.bias_k is None and not self.add_zero_attn and not self.onnx_trace
+                 and self.beam_size == 1 and query.device.type != "xla")
+        if not fused:
+            return super().forward(query, key, value, key_padding_mask, incremental_state, need_weights,
+                                   static_kv, attn_mask, before_softmax, need_head_weights)
+        if self.self_attention:
+            key = value = query
+        elif self.encoder_decoder_attention:
+            value = key  # as fairseq: keys and values are both projections of the encoder states
+        tgt_len, bsz, embed_dim = query.size()
+        src_len = key.size(0)
+        q = self.q_proj(query).view(tgt_len, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+        k = self.k_proj(key).view(src_len, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+        v = self.v_proj(value).view(src_len, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+        mask = _additive_mask(attn_mask, key_padding_mask, bsz, self.num_heads, tgt_len, src_len, q.dtype)
+        dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
+        # (B, H, T, d_z); the scale is fairseq's self.scaling, d_z^-1/2, SDPA's default
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)), None
+
+
+def _additive_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], bsz: int, heads: int,
+                   tgt_len: int, src_len: int, dtype: torch.dtype) -> Optional[Tensor]:
+    """fairseq's two masks as one additive mask broadcastable to (B, H, T, S): attn_mask (T, S) or (B·H, T, S),
+    added (or −inf where True, if bool); key_padding_mask (B, S), −inf where True (non-zero)."""
+    mask = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros(attn_mask.shape, dtype=dtype, device=attn_mask.device).masked_fill_(
+                attn_mask, float("-inf"))
+        mask = attn_mask.to(dtype)
+        if mask.dim() == 3:
+            mask = mask.view(bsz, heads, tgt_len, src_len)
+    if key_padding_mask is not None:
+        padding = torch.zeros(bsz, 1, 1, src_len, dtype=dtype, device=key_padding_mask.device).masked_fill_(
+            key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
+        mask = padding if mask is None else padding + mask
+    return mask
+
+
+def enable_position_biases(attention: MultiheadAttention, names=("q_proj", "k_proj", "v_proj")) -> nn.Module:
+    """Give a fairseq MultiheadAttention position-dependent q/k/v biases (same parameters, same names).
+
+    The module built by fairseq's own ``build_*_attention`` hook becomes a ``PositionBiasedMultiheadAttention``
+    (a subclass that adds no state, only its forward), so every constructor option stays fairseq's."""
+    if type(attention) is not MultiheadAttention:
+        raise TypeError(f"FLOATER biases need fairseq's MultiheadAttention, got {type(attention).__name__}")
     for name in names:
         old = getattr(attention, name)
         new = PositionBiasedLinear(old.in_features, old.out_features)
         new.weight, new.bias = old.weight, old.bias
         setattr(attention, name, new)
-    # The fused path (F.multi_head_attention_forward) takes one bias vector per projection; this flag
-    # makes MultiheadAttention call q_proj/k_proj/v_proj itself. It only skips a shape assertion.
+    attention.__class__ = PositionBiasedMultiheadAttention
+    # fairseq's own path then never takes F.multi_head_attention_forward (one bias vector per projection):
+    # this flag makes it call q_proj/k_proj/v_proj itself. It only skips a shape assertion.
     attention._set_skip_embed_dim_check()
     return attention
 
