@@ -230,12 +230,14 @@ def measure_memory(jobs, workers):
 # profiles
 
 
-def profile_update(entry, sample, device, top):
+def profile_call(fn, device, top):
+    """torch.profiler over one call of fn: the top operators by self time, and the self time of fairseq's
+    and FLOATER's labelled ranges (record_function), which is the Python between operators in that range."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
-        train_update(entry, sample)
+        fn()
         sync(device)
     events = prof.key_averages()
     key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
@@ -244,8 +246,8 @@ def profile_update(entry, sample, device, top):
     out = {"total_self_ms": total / 1e3,
            "top": [{"op": e.key, "self_ms": getattr(e, key) / 1e3, "calls": e.count,
                     "share": getattr(e, key) / total if total else 0.0} for e in rows]}
-    # ranges the FLOATER module labels itself (record_function names containing "floater"), if any
-    out["floater_ranges_ms"] = {e.key: e.cpu_time_total / 1e3 for e in events if "floater" in e.key.lower()}
+    out["ranges_self_ms"] = {e.key: e.self_cpu_time_total / 1e3 for e in events
+                             if e.key.startswith("EnsembleModel") or "floater" in e.key.lower()}
     return out
 
 
@@ -396,7 +398,7 @@ def run(args):
 
         if args.profile_length == T:
             for n in names:
-                profiles[n] = profile_update(entries[n], sample, device, args.profile_top)
+                profiles[n] = profile_call(lambda: train_update(entries[n], sample), device, args.profile_top)
             profiles["length"] = T
 
         # 2. decoding
@@ -422,6 +424,9 @@ def run(args):
                 for n in rotated(decoded, rep):
                     dtimes[n].append(tuple(t / dbsz for t in timed(lambda: decode(n), device)))
                 loads.append(load_average())
+            if args.profile_decode == T:
+                profiles["decode"] = {n: profile_call(lambda: decode(n), device, args.profile_top) for n in decoded}
+                profiles["decode_length"], profiles["decode_sentences"] = T, dbsz
             for n in decoded:
                 assert out_len[n] == {T + 1}, f"{n}: output lengths {out_len[n]}, expected {T + 1}"
                 rows[n, T]["decode_sentences"] = dbsz
@@ -541,18 +546,30 @@ def markdown(res):
     for g in res["goals"]:
         lines.append(f"| {g['model']} | {g['measure']} | {g['length']} | ≤ {g['bound']:.2f}× | "
                      f"{g['value']:.3f}× | {'yes' if g['met'] else 'no'} |")
-    if res["profiles"]:
-        T = res["profiles"]["length"]
-        lines += ["", f"Profiles: torch.profiler, one training update at T = {T}, top operators by self time:", ""]
-        for name, p in res["profiles"].items():
-            if name == "length":
-                continue
-            ops = ", ".join(f"{o['op']} {100 * o['share']:.0f}%" for o in p["top"][:8])
-            extra = "".join(f"; range `{k}` {v:.0f} ms" for k, v in p.get("floater_ranges_ms", {}).items())
-            lines.append(f"- `{name}` ({p['total_self_ms']:.0f} ms{extra}): {ops}")
+    profiles = res["profiles"]
+    if "length" in profiles:
+        lines += ["", f"Profiles: torch.profiler, one training update at T = {profiles['length']}, "
+                      "top operators by self time:", ""]
+        lines += _profile_lines({n: p for n, p in profiles.items() if n in {r["model"] for r in res["rows"]}})
+    if "decode" in profiles:
+        lines += ["", f"Profiles: one decoding call at T = {profiles['decode_length']} "
+                      f"({profiles['decode_sentences']} sentences, beam 4), top operators by self time; "
+                      "the self time of a labelled range is the Python between its operators:", ""]
+        lines += _profile_lines(profiles["decode"])
     if res.get("notes"):
         lines += ["", res["notes"].strip()]
     return "\n".join(lines) + "\n"
+
+
+def _profile_lines(profiles):
+    lines = []
+    for name, p in profiles.items():
+        ops = ", ".join(f"{o['op']} {100 * o['share']:.0f}% ({o['self_ms']:.0f} ms, {o['calls']} calls)"
+                        for o in p["top"][:8])
+        ranges = p.get("ranges_self_ms", p.get("floater_ranges_ms", {}))
+        extra = "".join(f"; range `{k}` {v:.0f} ms" for k, v in ranges.items())
+        lines.append(f"- `{name}` ({p['total_self_ms']:.0f} ms{extra}): {ops}")
+    return lines
 
 
 def _load_summary(load):
@@ -589,6 +606,8 @@ def main(argv=None):
     p.add_argument("--memory-workers", type=int, default=2, help="memory probes run at the same time")
     p.add_argument("--no-decode", action="store_true", help="skip decoding")
     p.add_argument("--profile-length", type=int, default=0, help="profile one update of each model at this T (0: none)")
+    p.add_argument("--profile-decode", type=int, default=0,
+                   help="profile one decoding call of each model at this T, after the timed calls (0: none)")
     p.add_argument("--profile-top", type=int, default=15)
     p.add_argument("--out-json", default=str(REPO / "results" / "bench.json"))
     p.add_argument("--out-md", default=str(REPO / "results" / "bench.md"))

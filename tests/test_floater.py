@@ -405,6 +405,30 @@ def test_incremental_decoding_equals_full_forward():
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-6)
 
 
+def test_long_incremental_decoding_equals_full_forward(monkeypatch):
+    """40 steps: the step bias table kept in the incremental state is outgrown twice (16, 32, 64 rows); every
+    step still equals the full forward, and a generation after a parameter change sees the new parameters."""
+    model = floater_model().eval()
+    src, lengths, _ = batch(src_len=5)
+    prev = torch.randint(4, VOCAB, (src.size(0), 40), generator=torch.Generator().manual_seed(5))
+    calls = count_solves(monkeypatch)
+
+    def steps():
+        enc, state = model.encoder(src, lengths), {}
+        out = torch.cat([model.decoder(prev[:, : t + 1], enc, incremental_state=state)[0]
+                         for t in range(prev.size(1))], dim=1)
+        return out, model.decoder(prev, enc)[0]
+
+    incremental, full = steps()
+    torch.testing.assert_close(incremental, full, rtol=0, atol=1e-6)
+    assert len(calls) <= 3  # the first solve, then at most the eval cache's extensions (doublings)
+    with torch.no_grad():
+        model.decoder.layers[0].self_attn.q_proj.bias.add_(0.5)
+    incremental_after, full_after = steps()
+    torch.testing.assert_close(incremental_after, full_after, rtol=0, atol=1e-6)
+    assert (full_after - full).abs().max() > 1e-3
+
+
 def test_beam_search_scores_equal_teacher_forced_scores():
     """Beam 4 with left-padded sources: each hypothesis' step scores (incremental decoding, cross-attention
     keys projected once per sentence) equal a full forward over the finished hypothesis."""

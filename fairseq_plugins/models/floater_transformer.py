@@ -45,6 +45,8 @@ from ..modules.floater import (
     SOLVER_NAMES,
     FloaterFlow,
     FloaterPositions,
+    _cache_size,
+    bind_biases,
     bind_position_biases,
     check_flow_settings,
     enable_position_biases,
@@ -233,17 +235,20 @@ class FloaterTransformerDecoder(TransformerDecoderBase):
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                          full_context_alignment=False, alignment_layer=None, alignment_heads=None):
         tgt_len = prev_output_tokens.size(1)
-        if incremental_state is not None:  # this step's token sits at row tgt_len − 1
-            tgt_rows = tgt_len - 1
-        else:
-            tgt_rows = token_rows(prev_output_tokens, self.padding_idx)
         cross = (self.floater_cross_flow is not None and encoder_out is not None
                  and len(encoder_out["encoder_out"]) > 0)
         src_len = encoder_out["encoder_out"][0].size(0) if cross else 0
         with ExitStack() as biases:
-            positions = biases.enter_context(self.floater_positions.forward_pass(max(tgt_len, src_len)))
-            delta = positions.biases(self.floater_flow, tgt_len)
-            biases.enter_context(bind_position_biases(self.floater_projections, delta, tgt_rows))
+            if incremental_state is not None:  # one decoding step: its token sits at row tgt_len − 1
+                saved = self._step_biases(incremental_state, tgt_len, src_len)
+                biases.enter_context(bind_biases(self.floater_projections, saved["biases"][tgt_len - 1]))
+                src_delta = saved.get("cross_delta")
+            else:
+                positions = biases.enter_context(self.floater_positions.forward_pass(max(tgt_len, src_len)))
+                delta = positions.biases(self.floater_flow, tgt_len)
+                rows = token_rows(prev_output_tokens, self.padding_idx)
+                biases.enter_context(bind_position_biases(self.floater_projections, delta, rows))
+                src_delta = positions.biases(self.floater_cross_flow, src_len) if cross else None
             if cross:
                 if len(encoder_out["encoder_padding_mask"]) > 0:
                     # lazily: incremental decoding projects the encoder states on the first step only
@@ -251,10 +256,26 @@ class FloaterTransformerDecoder(TransformerDecoderBase):
                     src_rows = functools.lru_cache(maxsize=None)(lambda: rows_from_padding_mask(mask))
                 else:
                     src_rows = torch.arange(src_len, device=prev_output_tokens.device).unsqueeze(1)
-                delta = positions.biases(self.floater_cross_flow, src_len)
-                biases.enter_context(bind_position_biases(self.floater_cross_projections, delta, src_rows))
+                biases.enter_context(bind_position_biases(self.floater_cross_projections, src_delta, src_rows))
             return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
                                             full_context_alignment, alignment_layer, alignment_heads)
+
+    def _step_biases(self, incremental_state, num_positions: int, src_len: int):
+        """For incremental decoding, kept in the incremental state: ``biases``, b(0) + Δb(t_i) of the target
+        flow's projections, (P, k, d) with P ≥ num_positions, and ``cross_delta``, the source flow's Δb for
+        the src_len source positions. Formed once per generation (the target table again each time a longer
+        output doubles it), so a step only picks its row. The parameters cannot change within one generation:
+        the cached keys and values of the earlier steps were computed from them too."""
+        saved = self.get_incremental_state(incremental_state, "floater")
+        if saved is None or saved["biases"].size(0) < num_positions:
+            rows = _cache_size(num_positions)
+            with self.floater_positions.forward_pass(max(rows, src_len)) as positions:  # one solve, or none
+                delta = positions.biases(self.floater_flow, rows)
+                saved = {"biases": torch.stack([proj.bias for proj in self.floater_projections]) + delta}
+                if src_len:
+                    saved["cross_delta"] = positions.biases(self.floater_cross_flow, src_len)
+            self.set_incremental_state(incremental_state, "floater", saved)
+        return saved
 
 
 # architectures

@@ -79,8 +79,9 @@ Mapping to code
 - ``FloaterPositions``                    a model's flows with the projections each drives: one solve for
   all of them per forward, and their cache.
 - ``PositionBiasedLinear``                ``y_i = W x_i + b(0) + Δb(t_i)``; ``enable_position_biases``
-  gives a fairseq ``MultiheadAttention`` such q/k/v projections, ``bind_position_biases`` hands them a
-  flow's output for one forward.
+  gives a fairseq ``MultiheadAttention`` such q/k/v projections (``PositionBiasedMultiheadAttention``:
+  torch's fused ``scaled_dot_product_attention`` on them where fairseq would use its own fused path),
+  ``bind_position_biases`` hands them a flow's output for one forward, ``bind_biases`` one decoding step's.
 
 Cost and caching (paper §4.4 says one solve costs about 100 forward+backward passes of h)
 ------------------------------------------------------------------------------------------
@@ -105,7 +106,8 @@ Cost and caching (paper §4.4 says one solve costs about 100 forward+backward pa
   (the index of the update about to run) and saved in checkpoints, so the schedule survives a resume too.
 - Eval and inference: a separate cache. Δb is solved once per parameter version (without gradient: eval
   mode never back-propagates into θ) and reused; incremental decoding then costs no ODE work at all, and each
-  decoding step adds one bias per projection, b(0) + Δb(t), to an ordinary linear map. The cache key holds
+  decoding step adds one bias per projection, b(0) + Δb(t), to an ordinary linear map (the decoder keeps the
+  table b(0) + Δb(t_i) in fairseq's incremental state: one cache lookup per generation, not per step). The cache key holds
   the parameters' ``data_ptr`` and ``_version`` counters, the update counter and a counter bumped by
   ``train()``/``eval()``; ``load_state_dict`` drops it. (fairseq's Adam updates weights through ``p.data``,
   which does not bump ``_version``: the trainer's ``set_num_updates`` and ``train()`` calls cover that.
@@ -857,14 +859,25 @@ def bind_position_biases(projections: List[PositionBiasedLinear], delta: Tensor,
     rows: (T, B) or (T, 1) grid rows, a function returning them (called only if a projection runs), or one
     int row for every token: then each projection's bias is b_j(0) + Δb[row, j], formed once.
     """
-    # object.__setattr__: nn.Module's own __setattr__ costs microseconds per call, every decoding step.
     if isinstance(rows, int):
-        biases = torch.stack([proj.bias for proj in projections]) + delta[rows]  # (k, d)
-        for proj, bias in zip(projections, biases.unbind(0)):
-            object.__setattr__(proj, "position_binding", bias)
-    else:
-        for proj, delta_j in zip(projections, delta.unbind(1)):
-            object.__setattr__(proj, "position_binding", (delta_j, rows))
+        with bind_biases(projections, torch.stack([proj.bias for proj in projections]) + delta[rows]):
+            yield
+        return
+    # object.__setattr__: nn.Module's own __setattr__ costs microseconds per call.
+    for proj, delta_j in zip(projections, delta.unbind(1)):
+        object.__setattr__(proj, "position_binding", (delta_j, rows))
+    try:
+        yield
+    finally:
+        for proj in projections:
+            object.__setattr__(proj, "position_binding", None)
+
+
+@contextmanager
+def bind_biases(projections: List[PositionBiasedLinear], biases: Tensor):
+    """For one forward, projection j's whole bias is biases[j] for every token (k, d): one decoding step."""
+    for proj, bias in zip(projections, biases.unbind(0)):
+        object.__setattr__(proj, "position_binding", bias)
     try:
         yield
     finally:
