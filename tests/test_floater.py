@@ -190,6 +190,11 @@ def test_latent_rk4_backward_passes_gradcheck():
     args = [a.double().requires_grad_() for a in args]
     t = torch.arange(4, dtype=torch.float64) * 0.1
     assert torch.autograd.gradcheck(lambda *a: floater._LatentRK4.apply(*a, t), args, eps=1e-6, atol=1e-7)
+    # padded states (flow 1 uses 2 of its 3 rows): the used rows' q, and its gradient, as if alone
+    used = lambda *a: floater._LatentRK4.apply(*a, t, (3, 2))[1, :, :2]  # noqa: E731
+    assert torch.autograd.gradcheck(used, args, eps=1e-6, atol=1e-7)
+    alone = floater._LatentRK4.apply(args[0][1:, :2], *(a[1:] for a in args[1:]), t)[0]
+    torch.testing.assert_close(used(*args), alone, rtol=0, atol=1e-12)
 
 
 def test_grid_solve_of_all_flows_continues_exactly_from_a_later_point():

@@ -49,7 +49,8 @@ block's bias at every position, shared by the batch, the blocks and the sentence
 - All flows in one solver call (``solve_flows``): the flows' states are padded with zero rows to the largest
   k and stacked, (F, K, ·), and each evaluation applies flow f's θ to slice f with batched matrix products
   (``torch.baddbmm``). One forward thus takes 5·(P−1) sequential solver steps, not three times that; padded
-  rows are dropped from the result (and get no gradient).
+  rows are dropped from the result (and get no gradient). In the latent solve (below) the products skip the
+  padding rows (``_flow_products``): they are not integrated at all.
 - Default, ``rk4`` without ``--floater-adjoint``: latent coordinates. With z = W1 p (hidden-sized)::
 
       u = relu(z + w1 τ + c1),   dz/dτ = W1 h = (W1 W2) u + (W1 w2) τ + W1 c2,
@@ -266,9 +267,9 @@ class _LatentDynamics(nn.Module):
     to check that they are the τ_n.
     """
 
-    def __init__(self, Mt: Tensor, c: Tensor, e: Tensor, tape: Tensor):
+    def __init__(self, Mt: Tensor, c: Tensor, e: Tensor, tape: Tensor, used_rows: Tuple[int, ...]):
         super().__init__()
-        self.Mt, self.c, self.e = Mt, c, e
+        self.Mt, self.c, self.e, self.used_rows = Mt, c, e, used_rows
         self.tape = tape  # (F, evaluations, K, hidden)
         self.times: List[Tensor] = []
 
@@ -278,7 +279,20 @@ class _LatentDynamics(nn.Module):
             raise RuntimeError("torchdiffeq's rk4 evaluated the dynamics more often than 4 times per step")
         self.times.append(t)
         u = torch.add(z, self.c[:, n], out=self.tape[:, n]).relu_()
-        return torch.baddbmm(self.e[:, n], u, self.Mt)
+        return _flow_products(self.e[:, n], u, self.Mt, self.used_rows)
+
+
+def _flow_products(bias: Tensor, x: Tensor, weight: Tensor, used_rows: Tuple[int, ...], beta: float = 1.0):
+    """beta·bias + x @ weight for each flow f (batched over F) on its first used_rows[f] rows; the padding rows
+    below are zero (the flows' states are padded to one height K: the products skip the padding, 25% of the
+    rows for a model's three flows). bias: (F, 1 | K, n), x: (F, K, m), weight: (F, m, n)."""
+    flows, rows = x.shape[:2]
+    if all(r == rows for r in used_rows):
+        return torch.baddbmm(bias, x, weight, beta=beta)
+    out = x.new_zeros(flows, rows, weight.size(-1))
+    for f, r in enumerate(used_rows):
+        torch.addmm(bias[f, :r], x[f, :r], weight[f], beta=beta, out=out[f, :r])
+    return out
 
 
 class _LatentRK4(torch.autograd.Function):
@@ -286,8 +300,11 @@ class _LatentRK4(torch.autograd.Function):
     those steps (see the module docstring, "The solve")."""
 
     @staticmethod
-    def forward(ctx, z0: Tensor, Mt: Tensor, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor, t: Tensor):
+    def forward(ctx, z0: Tensor, Mt: Tensor, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor, t: Tensor,
+                used_rows: Optional[Tuple[int, ...]] = None):
         flows, rows, hidden = z0.shape
+        # rows of flow f below used_rows[f] are padding: they are not integrated (their q is unspecified)
+        used_rows = tuple(used_rows) if used_rows is not None else (rows,) * flows
         points = t.numel()
         grid = _subdivide(t, STEPS_PER_DT)
         step_sizes = torch.diff(grid.cpu()).tolist()  # δ of each step, as torchdiffeq computes it (t1 − t0)
@@ -297,7 +314,7 @@ class _LatentRK4(torch.autograd.Function):
         c = torch.addcmul(c1.unsqueeze(1), w1.unsqueeze(1), tau)  # (F, evaluations, 1, hidden)
         e = torch.addcmul(ec.unsqueeze(1), et.unsqueeze(1), tau)
         tape = z0.new_empty(flows, evaluations, rows, hidden)
-        dynamics = _LatentDynamics(Mt, c, e, tape)
+        dynamics = _LatentDynamics(Mt, c, e, tape, used_rows)
         odeint(dynamics, z0, t, method="rk4", options=_solver_options("rk4", grid))
         if len(dynamics.times) != evaluations or not torch.equal(torch.stack(dynamics.times), times):
             raise RuntimeError("torchdiffeq's rk4 did not evaluate the dynamics at the expected stage times "
@@ -309,17 +326,19 @@ class _LatentRK4(torch.autograd.Function):
         increments = torch.matmul(weights, tape.view(flows, points - 1, per_interval, rows * hidden))
         q = torch.cat([z0.new_zeros(flows, 1, rows * hidden), increments.squeeze(2).cumsum(1)], dim=1)
         ctx.save_for_backward(tape, Mt, times)
-        ctx.step_sizes = step_sizes
+        ctx.step_sizes, ctx.used_rows = step_sizes, used_rows
         return q.view(flows, points, rows, hidden)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, q_grad: Tensor):
         tape, Mt, times = ctx.saved_tensors
-        step_sizes = ctx.step_sizes
+        step_sizes, used_rows = ctx.step_sizes, ctx.used_rows
         flows, evaluations, rows, hidden = tape.shape
         # The adjoint of q after step s: the gradient of every later grid point (q(t_i) sums all steps before t_i).
         q_adjoint = q_grad[:, 1:].flip(1).cumsum(1).flip(1)  # [:, i]: Σ_{i' > i} ∂L/∂q(t_i'), steps of interval i
+        for f, r in enumerate(used_rows):  # the padding rows are not part of the solve: no gradient flows there
+            q_adjoint[f, :, r:] = 0
         Mt_t = Mt.transpose(1, 2)
         k_grad = torch.empty_like(tape)  # ∂L/∂k_j: the z-part of every stage derivative
         a_grad = torch.empty_like(tape)  # ∂L/∂(z + w1 τ + c1) of every stage
@@ -333,32 +352,38 @@ class _LatentRK4(torch.autograd.Function):
             # torchdiffeq's rk4 (3/8 rule): k1 = f(z), k2 = f(z + δ k1/3), k3 = f(z + δ(k2 − k1/3)),
             # k4 = f(z + δ(k1 − k2 + k3)), z' = z + δ(k1 + 3 k2 + 3 k3 + k4)/8; reversed stage by stage.
             torch.mul(z_adjoint, delta * b4, out=k4)
-            relu_grad(torch.baddbmm(lq, k4, Mt_t, beta=delta * b4), tape[:, n + 3], 0, grad_input=a4)
+            relu_grad(_flow_products(lq, k4, Mt_t, used_rows, delta * b4), tape[:, n + 3], 0, grad_input=a4)
             torch.add(z_adjoint, a4, alpha=1 / b3, out=k3).mul_(delta * b3)
-            relu_grad(torch.baddbmm(lq, k3, Mt_t, beta=delta * b3), tape[:, n + 2], 0, grad_input=a3)
+            relu_grad(_flow_products(lq, k3, Mt_t, used_rows, delta * b3), tape[:, n + 2], 0, grad_input=a3)
             torch.add(k3, a4, alpha=-2 * delta, out=k2).add_(a3, alpha=delta)
-            relu_grad(torch.baddbmm(lq, k2, Mt_t, beta=delta * b2), tape[:, n + 1], 0, grad_input=a2)
+            relu_grad(_flow_products(lq, k2, Mt_t, used_rows, delta * b2), tape[:, n + 1], 0, grad_input=a2)
             torch.add(k4, a4, alpha=delta, out=k1).add_(a3, alpha=-delta / 3).add_(a2, alpha=delta / 3)
-            relu_grad(torch.baddbmm(lq, k1, Mt_t, beta=delta * b1), tape[:, n], 0, grad_input=a1)
+            relu_grad(_flow_products(lq, k1, Mt_t, used_rows, delta * b1), tape[:, n], 0, grad_input=a1)
             z_adjoint.add_(a_grad[:, n: n + 4].sum(1))
         # Parameters: sums over every stage (k_j = u_j Mt + ec + et τ_j, u_j = relu(z + w1 τ_j + c1)).
-        Mt_grad = torch.bmm(tape.view(flows, -1, hidden).transpose(1, 2), k_grad.view(flows, -1, hidden))
+        if all(r == rows for r in used_rows):
+            Mt_grad = torch.bmm(tape.view(flows, -1, hidden).transpose(1, 2), k_grad.view(flows, -1, hidden))
+        else:  # the used rows only (copies of them cost less than products over the padding)
+            Mt_grad = torch.stack([torch.mm(tape[f, :, :r].reshape(-1, hidden).t(), k_grad[f, :, :r].reshape(-1, hidden))
+                                   for f, r in enumerate(used_rows)])
         a_rows = a_grad.sum(2)  # (F, evaluations, hidden)
         k_rows = k_grad.sum(2)
         c1_grad, ec_grad = a_rows.sum(1, keepdim=True), k_rows.sum(1, keepdim=True)
         w1_grad = torch.matmul(times.to(a_rows), a_rows).unsqueeze(1)
         et_grad = torch.matmul(times.to(k_rows), k_rows).unsqueeze(1)
-        return z_adjoint, Mt_grad, c1_grad, w1_grad, ec_grad, et_grad, None
+        return z_adjoint, Mt_grad, c1_grad, w1_grad, ec_grad, et_grad, None, None
 
 
-def _solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, t: Tensor) -> Tensor:
-    """RK4 on the stacked flows in latent coordinates; y0 (F, K, d) → y(t_i) (F, P, K, d)."""
+def _solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, t: Tensor,
+                  used_rows: Optional[Tuple[int, ...]] = None) -> Tensor:
+    """RK4 on the stacked flows in latent coordinates; y0 (F, K, d) → y(t_i) (F, P, K, d) (rows of flow f from
+    used_rows[f] on are padding: unspecified)."""
     W1, w1, c1, W2, w2, c2 = _split_weights(dynamics)
     W1t, W2t = W1.transpose(1, 2), W2.transpose(1, 2)  # (F, d, hidden), (F, hidden, d)
     Mt = torch.bmm(W2t, W1t)  # (W1 W2)ᵀ: (F, hidden, hidden)
     z0 = torch.bmm(y0, W1t)  # z = W1 p
     ec, et = torch.bmm(c2, W1t), torch.bmm(w2, W1t)  # W1 c2, W1 w2 (as rows)
-    q = _LatentRK4.apply(z0, Mt, c1, w1, ec, et, t)  # (F, P, K, hidden)
+    q = _LatentRK4.apply(z0, Mt, c1, w1, ec, et, t, used_rows)  # (F, P, K, hidden)
     flows, points, rows, hidden = q.shape
     p = y0.unsqueeze(1) + torch.bmm(q.view(flows, points * rows, hidden), W2t).view(flows, points, rows, -1)
     t0 = t[0]
@@ -389,7 +414,7 @@ def solve_flows(
     y0 = torch.stack([F.pad(y, (0, 0, 0, K - k)) for y, k in zip(initial, rows)])  # (F, K, d)
     t = _grid_times(num_points, lead.dt, first_index, y0.device)
     if lead.latent:
-        y = _solve_latent(dynamics, y0, t).transpose(0, 1)  # (P, F, K, d)
+        y = _solve_latent(dynamics, y0, t, tuple(rows)).transpose(0, 1)  # (P, F, K, d)
     else:
         stacked = _StackedDynamics(dynamics)
         kwargs = dict(rtol=lead.rtol, atol=lead.atol, method=lead.method, options=_solver_options(lead.method))
