@@ -25,12 +25,8 @@ for arch in $MODELS; do
     { tail -5 "checkpoints/$exp/train.log" >&2; exit 1; }
   echo "   trained in $(( $(date +%s) - start )) s"
   for subset in test test_long; do
-    if [ "$OUT/$exp.$subset.json" -nt "checkpoints/$exp/checkpoint_best.pt" ] && [ -s "$OUT/$exp.$subset.hyp" ]; then
-      echo "   reusing $OUT/$exp.$subset.json"
-    else
-      bash scripts/generate.sh data/toy "checkpoints/$exp/checkpoint_best.pt" "$subset" "$OUT/$exp.$subset.json" \
-        | sed 's/^/   /'
-    fi
+    REUSE=1 bash scripts/generate.sh data/toy "checkpoints/$exp/checkpoint_best.pt" "$subset" \
+      "$OUT/$exp.$subset.json" | sed 's/^/   /'
   done
   python scripts/length_eval.py score --name "${arch%_tiny}" --edges "$EDGES" \
     --src data/toy/raw/test.src data/toy/raw/test_long.src --ref data/toy/raw/test.tgt data/toy/raw/test_long.tgt \

@@ -68,11 +68,7 @@ for arch in $MODELS; do
     { tail -5 "$CKPT_ROOT/$exp/train.log" >&2; exit 1; }
   echo "   trained in $(( $(date +%s) - start )) s"
   ckpt=$CKPT_ROOT/$exp/checkpoint_best.pt
-  if [ "$OUT/$exp.test.json" -nt "$ckpt" ] && [ -s "$OUT/$exp.test.hyp" ]; then
-    echo "   reusing $OUT/$exp.test.json (newer than $ckpt)"
-  else
-    SRC=$SRC TGT=$TGT bash scripts/generate.sh "$DATA" "$ckpt" test "$OUT/$exp.test.json" | sed 's/^/   /'
-  fi
+  REUSE=1 SRC=$SRC TGT=$TGT bash scripts/generate.sh "$DATA" "$ckpt" test "$OUT/$exp.test.json" | sed 's/^/   /'
   python scripts/length_eval.py score --name "${arch%_tiny}" --edges "$EDGES" --src "$DATA/raw/test.$SRC" \
     --ref "$DATA/raw/test.$TGT" --hyp "$OUT/$exp.test.hyp" --out "$OUT/$exp.length.json" > /dev/null
   lengths+=("$OUT/$exp.length.json")

@@ -56,6 +56,21 @@ def test_train_resume_generate_score(toy_data, tmp_path):
     assert result["sacrebleu_signature"].startswith("nrefs:1|")
     assert 0.0 <= result["bleu"] <= 100.0
 
+    # REUSE=1 keeps a translation only if it is newer than the checkpoint and was made with the same settings
+    def generate(*extra, **env):
+        return run(["bash", "scripts/generate.sh", str(toy_data), str(save / "checkpoint_last.pt"), "test", str(out),
+                    *extra], env_extra={"REUSE": "1", **env}).stdout
+
+    stamp = out.stat().st_mtime_ns
+    assert "reusing" in generate() and out.stat().st_mtime_ns == stamp
+    for extra, env, key, value in [((), {"BEAM": "2"}, "beam", "2"), ((), {"LENPEN": "1.0"}, "lenpen", "1.0"),
+                                   (("--max-len-b", "50"), {}, "generate_args", "--max-len-b 50")]:
+        assert "reusing" not in generate(*extra, **env)
+        assert json.loads(out.read_text())[key] == value
+    assert "reusing" in generate("--max-len-b", "50")
+    (save / "checkpoint_last.pt").touch()  # a newer checkpoint
+    assert "reusing" not in generate("--max-len-b", "50")
+
 
 def test_score_refuses_missing_hypotheses(toy_data, tmp_path):
     log = tmp_path / "gen.out"
