@@ -14,7 +14,7 @@ def test_quick_benchmark_reports_every_model_and_length(tmp_path):
     out_json, out_md, notes = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "notes.md"
     notes.write_text("## Analysis\n\nWhat dominates each unmet goal.\n", encoding="utf-8")
     proc = run([sys.executable, "scripts/bench.py", "--quick", "--silent", "--notes", str(notes),
-                "--out-json", str(out_json), "--out-md", str(out_md)])
+                "--profile-length", "16", "--profile-decode", "32", "--out-json", str(out_json), "--out-md", str(out_md)])
     res = json.loads(out_json.read_text())
     md = out_md.read_text()
     assert md.strip() in proc.stdout  # the report is also printed
@@ -53,4 +53,15 @@ def test_quick_benchmark_reports_every_model_and_length(tmp_path):
     assert {g["model"] for g in res["goals"]} == {"relative", "floater", "floater_every100"}
     for heading in ("Command: `scripts/bench.py --quick", "Machine:", "Goals", "Peak memory:"):
         assert heading in md
+    # profiles: one training update of every model at T = 16, one decoding call of each decoded model at T = 32
+    profiles = res["profiles"]
+    assert profiles["length"] == 16 and profiles["decode_length"] == 32
+    for name, decoded in [(m, False) for m in MODELS] + [(m, True) for m in MODELS if m != "floater_every100"]:
+        p = profiles["decode"][name] if decoded else profiles[name]
+        assert positive(p["total_self_ms"]) and p["top"] and all(o["calls"] >= 1 for o in p["top"])
+        if decoded:  # fairseq's decoder range: the Python between a step's operators
+            assert p["ranges_self_ms"]["EnsembleModel: forward_decoder"] > 0
+        training_section, decoding_section = md.split("one training update")[1].split("one decoding call")
+        assert f"- `{name}` (" in (decoding_section if decoded else training_section)
+    assert "Profiles: one decoding call at T = 32" in md
     assert md.endswith("\n## Analysis\n\nWhat dominates each unmet goal.\n")  # the notes close the report
