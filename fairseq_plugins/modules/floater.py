@@ -63,8 +63,8 @@ block's bias at every position, shared by the batch, the blocks and the sentence
   in float32; the tests compare both with torchdiffeq's own solve of h). The backward pass is the exact
   derivative of those RK4 steps, the gradient autograd would take through the solver (direct backprop,
   not the continuous adjoint), written out in ``_LatentRK4.backward``: one reverse sweep over the steps
-  with the stage values saved by the forward, and the gradient of W1W2 as one matrix product over all
-  stages at the end.
+  with the stage values saved by the forward; the gradient of W1W2 is one matrix product per grid interval
+  (its 20 stages), so the sweep's own buffers hold one interval's stage gradients, not all of them.
 - The other fixed-grid solvers, and ``--floater-adjoint`` (torchdiffeq's ``odeint_adjoint``), integrate h
   itself on the stacked state, with autograd through the solver (or the adjoint solve). Adaptive solvers
   (dopri5, ...) solve each flow on its own, one call per flow: their step sizes, and the gradient through
@@ -340,34 +340,44 @@ class _LatentRK4(torch.autograd.Function):
         for f, r in enumerate(used_rows):  # the padding rows are not part of the solve: no gradient flows there
             q_adjoint[f, :, r:] = 0
         Mt_t = Mt.transpose(1, 2)
-        k_grad = torch.empty_like(tape)  # ∂L/∂k_j: the z-part of every stage derivative
-        a_grad = torch.empty_like(tape)  # ∂L/∂(z + w1 τ + c1) of every stage
+        # One interval of the grid (STEPS_PER_DT steps, 4 stages each) at a time: its stages' gradients live
+        # in two small buffers and go into the parameters' gradients before the next interval is reversed,
+        # so the backward needs no arrays as large as the tape.
+        per_interval = 4 * STEPS_PER_DT
+        k_grad = tape.new_empty(flows, per_interval, rows, hidden)  # ∂L/∂k_j: the z-part of each stage derivative
+        a_grad = torch.empty_like(k_grad)  # ∂L/∂(z + w1 τ + c1) of each stage
+        a_rows = tape.new_empty(flows, evaluations, hidden)  # both summed over the rows, for every stage
+        k_rows = torch.empty_like(a_rows)
+        Mt_grad = torch.zeros_like(Mt)
         z_adjoint = q_grad.new_zeros(flows, rows, hidden)  # ∂L/∂z after the step being reversed
         b1, b2, b3, b4 = RK4_WEIGHTS
         relu_grad = torch.ops.aten.threshold_backward.grad_input
-        for s in reversed(range(len(step_sizes))):
-            delta, lq, n = step_sizes[s], q_adjoint[:, s // STEPS_PER_DT], 4 * s
-            k1, k2, k3, k4 = (k_grad[:, n + j] for j in range(4))
-            a1, a2, a3, a4 = (a_grad[:, n + j] for j in range(4))
-            # torchdiffeq's rk4 (3/8 rule): k1 = f(z), k2 = f(z + δ k1/3), k3 = f(z + δ(k2 − k1/3)),
-            # k4 = f(z + δ(k1 − k2 + k3)), z' = z + δ(k1 + 3 k2 + 3 k3 + k4)/8; reversed stage by stage.
-            torch.mul(z_adjoint, delta * b4, out=k4)
-            relu_grad(_flow_products(lq, k4, Mt_t, used_rows, delta * b4), tape[:, n + 3], 0, grad_input=a4)
-            torch.add(z_adjoint, a4, alpha=1 / b3, out=k3).mul_(delta * b3)
-            relu_grad(_flow_products(lq, k3, Mt_t, used_rows, delta * b3), tape[:, n + 2], 0, grad_input=a3)
-            torch.add(k3, a4, alpha=-2 * delta, out=k2).add_(a3, alpha=delta)
-            relu_grad(_flow_products(lq, k2, Mt_t, used_rows, delta * b2), tape[:, n + 1], 0, grad_input=a2)
-            torch.add(k4, a4, alpha=delta, out=k1).add_(a3, alpha=-delta / 3).add_(a2, alpha=delta / 3)
-            relu_grad(_flow_products(lq, k1, Mt_t, used_rows, delta * b1), tape[:, n], 0, grad_input=a1)
-            z_adjoint.add_(a_grad[:, n: n + 4].sum(1))
-        # Parameters: sums over every stage (k_j = u_j Mt + ec + et τ_j, u_j = relu(z + w1 τ_j + c1)).
-        if all(r == rows for r in used_rows):
-            Mt_grad = torch.bmm(tape.view(flows, -1, hidden).transpose(1, 2), k_grad.view(flows, -1, hidden))
-        else:  # the used rows only (copies of them cost less than products over the padding)
-            Mt_grad = torch.stack([torch.mm(tape[f, :, :r].reshape(-1, hidden).t(), k_grad[f, :, :r].reshape(-1, hidden))
-                                   for f, r in enumerate(used_rows)])
-        a_rows = a_grad.sum(2)  # (F, evaluations, hidden)
-        k_rows = k_grad.sum(2)
+        for interval in reversed(range(len(step_sizes) // STEPS_PER_DT)):
+            lq, first = q_adjoint[:, interval], interval * per_interval
+            for s in reversed(range(interval * STEPS_PER_DT, (interval + 1) * STEPS_PER_DT)):
+                delta, n, m = step_sizes[s], 4 * s, 4 * s - first  # n: stage in the tape, m: in the buffers
+                k1, k2, k3, k4 = (k_grad[:, m + j] for j in range(4))
+                a1, a2, a3, a4 = (a_grad[:, m + j] for j in range(4))
+                # torchdiffeq's rk4 (3/8 rule): k1 = f(z), k2 = f(z + δ k1/3), k3 = f(z + δ(k2 − k1/3)),
+                # k4 = f(z + δ(k1 − k2 + k3)), z' = z + δ(k1 + 3 k2 + 3 k3 + k4)/8; reversed stage by stage.
+                torch.mul(z_adjoint, delta * b4, out=k4)
+                relu_grad(_flow_products(lq, k4, Mt_t, used_rows, delta * b4), tape[:, n + 3], 0, grad_input=a4)
+                torch.add(z_adjoint, a4, alpha=1 / b3, out=k3).mul_(delta * b3)
+                relu_grad(_flow_products(lq, k3, Mt_t, used_rows, delta * b3), tape[:, n + 2], 0, grad_input=a3)
+                torch.add(k3, a4, alpha=-2 * delta, out=k2).add_(a3, alpha=delta)
+                relu_grad(_flow_products(lq, k2, Mt_t, used_rows, delta * b2), tape[:, n + 1], 0, grad_input=a2)
+                torch.add(k4, a4, alpha=delta, out=k1).add_(a3, alpha=-delta / 3).add_(a2, alpha=delta / 3)
+                relu_grad(_flow_products(lq, k1, Mt_t, used_rows, delta * b1), tape[:, n], 0, grad_input=a1)
+                z_adjoint.add_(a_grad[:, m: m + 4].sum(1))
+            # Parameters: sums over every stage (k_j = u_j Mt + ec + et τ_j, u_j = relu(z + w1 τ_j + c1)).
+            stages = tape[:, first: first + per_interval]
+            if all(r == rows for r in used_rows):
+                Mt_grad.baddbmm_(stages.reshape(flows, -1, hidden).transpose(1, 2), k_grad.view(flows, -1, hidden))
+            else:  # the used rows only
+                for f, r in enumerate(used_rows):
+                    Mt_grad[f].addmm_(stages[f, :, :r].reshape(-1, hidden).t(), k_grad[f, :, :r].reshape(-1, hidden))
+            a_rows[:, first: first + per_interval] = a_grad.sum(2)
+            k_rows[:, first: first + per_interval] = k_grad.sum(2)
         c1_grad, ec_grad = a_rows.sum(1, keepdim=True), k_rows.sum(1, keepdim=True)
         w1_grad = torch.matmul(times.to(a_rows), a_rows).unsqueeze(1)
         et_grad = torch.matmul(times.to(k_rows), k_rows).unsqueeze(1)
