@@ -566,8 +566,7 @@ def _profile_lines(profiles):
     for name, p in profiles.items():
         ops = ", ".join(f"{o['op']} {100 * o['share']:.0f}% ({o['self_ms']:.0f} ms, {o['calls']} calls)"
                         for o in p["top"][:8])
-        ranges = p.get("ranges_self_ms", p.get("floater_ranges_ms", {}))
-        extra = "".join(f"; range `{k}` {v:.0f} ms" for k, v in ranges.items())
+        extra = "".join(f"; range `{k}` {v:.0f} ms" for k, v in p["ranges_self_ms"].items())
         lines.append(f"- `{name}` ({p['total_self_ms']:.0f} ms{extra}): {ops}")
     return lines
 

@@ -267,7 +267,7 @@ class _LatentDynamics(nn.Module):
     to check that they are the τ_n.
     """
 
-    def __init__(self, Mt: Tensor, c: Tensor, e: Tensor, tape: Tensor, used_rows: Tuple[int, ...]):
+    def __init__(self, Mt: Tensor, c: Tensor, e: Tensor, tape: Tensor, used_rows: Optional[Tuple[int, ...]]):
         super().__init__()
         self.Mt, self.c, self.e, self.used_rows = Mt, c, e, used_rows
         self.tape = tape  # (F, evaluations, K, hidden)
@@ -282,14 +282,14 @@ class _LatentDynamics(nn.Module):
         return _flow_products(self.e[:, n], u, self.Mt, self.used_rows)
 
 
-def _flow_products(bias: Tensor, x: Tensor, weight: Tensor, used_rows: Tuple[int, ...], beta: float = 1.0):
-    """beta·bias + x @ weight for each flow f (batched over F) on its first used_rows[f] rows; the padding rows
-    below are zero (the flows' states are padded to one height K: the products skip the padding, 25% of the
-    rows for a model's three flows). bias: (F, 1 | K, n), x: (F, K, m), weight: (F, m, n)."""
-    flows, rows = x.shape[:2]
-    if all(r == rows for r in used_rows):
+def _flow_products(bias: Tensor, x: Tensor, weight: Tensor, used_rows: Optional[Tuple[int, ...]],
+                   beta: float = 1.0):
+    """beta·bias + x @ weight for each flow f (batched over F) on its first used_rows[f] rows (None: all rows);
+    the padding rows below are zero (the flows' states are padded to one height K: the products skip the
+    padding, 25% of the rows for a model's three flows). bias: (F, 1 | K, n), x: (F, K, m), weight: (F, m, n)."""
+    if used_rows is None:
         return torch.baddbmm(bias, x, weight, beta=beta)
-    out = x.new_zeros(flows, rows, weight.size(-1))
+    out = x.new_zeros(x.size(0), x.size(1), weight.size(-1))
     for f, r in enumerate(used_rows):
         torch.addmm(bias[f, :r], x[f, :r], weight[f], beta=beta, out=out[f, :r])
     return out
@@ -303,8 +303,10 @@ class _LatentRK4(torch.autograd.Function):
     def forward(ctx, z0: Tensor, Mt: Tensor, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor, t: Tensor,
                 used_rows: Optional[Tuple[int, ...]] = None):
         flows, rows, hidden = z0.shape
-        # rows of flow f below used_rows[f] are padding: they are not integrated (their q is unspecified)
-        used_rows = tuple(used_rows) if used_rows is not None else (rows,) * flows
+        # rows of flow f from used_rows[f] on are padding: they are not integrated (their q is unspecified);
+        # None when no flow has padding (checked once here, not at every evaluation)
+        if used_rows is not None and all(r == rows for r in used_rows):
+            used_rows = None
         points = t.numel()
         grid = _subdivide(t, STEPS_PER_DT)
         step_sizes = torch.diff(grid.cpu()).tolist()  # δ of each step, as torchdiffeq computes it (t1 − t0)
@@ -337,7 +339,7 @@ class _LatentRK4(torch.autograd.Function):
         flows, evaluations, rows, hidden = tape.shape
         # The adjoint of q after step s: the gradient of every later grid point (q(t_i) sums all steps before t_i).
         q_adjoint = q_grad[:, 1:].flip(1).cumsum(1).flip(1)  # [:, i]: Σ_{i' > i} ∂L/∂q(t_i'), steps of interval i
-        for f, r in enumerate(used_rows):  # the padding rows are not part of the solve: no gradient flows there
+        for f, r in enumerate(used_rows or ()):  # the padding rows are not part of the solve: no gradient there
             q_adjoint[f, :, r:] = 0
         Mt_t = Mt.transpose(1, 2)
         # One interval of the grid (STEPS_PER_DT steps, 4 stages each) at a time: its stages' gradients live
@@ -371,7 +373,7 @@ class _LatentRK4(torch.autograd.Function):
                 z_adjoint.add_(a_grad[:, m: m + 4].sum(1))
             # Parameters: sums over every stage (k_j = u_j Mt + ec + et τ_j, u_j = relu(z + w1 τ_j + c1)).
             stages = tape[:, first: first + per_interval]
-            if all(r == rows for r in used_rows):
+            if used_rows is None:
                 Mt_grad.baddbmm_(stages.reshape(flows, -1, hidden).transpose(1, 2), k_grad.view(flows, -1, hidden))
             else:  # the used rows only
                 for f, r in enumerate(used_rows):
@@ -786,7 +788,7 @@ def check_flow_settings(dt, method, rtol, atol, update_every, hidden):
 class PositionBiasedLinear(nn.Linear):
     """A Linear map whose bias depends on the token's position: y_i = W x_i + b(0) + Δb(t_i) (eq. 12).
 
-    ``self.bias`` is b(0). Between ``bind_position_biases`` enter and exit, ``position_binding`` is either
+    ``self.bias`` is b(0). Inside ``bind_position_biases`` or ``bind_biases``, ``position_binding`` is either
     (Δb rows (P, out_features), the row of each input token (T, B) or (T, 1), or a function returning
     them, called when the projection runs) or the whole bias b(0) + Δb(t) of one position shared by every
     token (a step of incremental decoding); otherwise None and the module is an ordinary Linear.
@@ -887,32 +889,25 @@ def enable_position_biases(attention: MultiheadAttention, names=("q_proj", "k_pr
     return attention
 
 
-@contextmanager
 def bind_position_biases(projections: List[PositionBiasedLinear], delta: Tensor, rows):
     """For one forward, projection j adds Δb[:, j] at the row of each token. delta: (P, k, d).
 
-    rows: (T, B) or (T, 1) grid rows, a function returning them (called only if a projection runs), or one
-    int row for every token: then each projection's bias is b_j(0) + Δb[row, j], formed once.
+    rows: (T, B) or (T, 1) grid rows, or a function returning them (called only if a projection runs).
     """
-    if isinstance(rows, int):
-        with bind_biases(projections, torch.stack([proj.bias for proj in projections]) + delta[rows]):
-            yield
-        return
-    # object.__setattr__: nn.Module's own __setattr__ costs microseconds per call.
-    for proj, delta_j in zip(projections, delta.unbind(1)):
-        object.__setattr__(proj, "position_binding", (delta_j, rows))
-    try:
-        yield
-    finally:
-        for proj in projections:
-            object.__setattr__(proj, "position_binding", None)
+    return _bound(projections, [(delta_j, rows) for delta_j in delta.unbind(1)])
+
+
+def bind_biases(projections: List[PositionBiasedLinear], biases: Tensor):
+    """For one forward, projection j's whole bias is biases[j] for every token (k, d): one decoding step."""
+    return _bound(projections, biases.unbind(0))
 
 
 @contextmanager
-def bind_biases(projections: List[PositionBiasedLinear], biases: Tensor):
-    """For one forward, projection j's whole bias is biases[j] for every token (k, d): one decoding step."""
-    for proj, bias in zip(projections, biases.unbind(0)):
-        object.__setattr__(proj, "position_binding", bias)
+def _bound(projections: List[PositionBiasedLinear], bindings):
+    """Each projection's ``position_binding`` set for the ``with`` block, then None again."""
+    # object.__setattr__: nn.Module's own __setattr__ costs microseconds per call, every decoding step.
+    for proj, binding in zip(projections, bindings):
+        object.__setattr__(proj, "position_binding", binding)
     try:
         yield
     finally:
