@@ -270,6 +270,10 @@ def summarise(row, key, samples, clock):
     row[f"{key}_median_s"] = row[f"{key}_{clock}_median_s"]
 
 
+def parse_lengths(text):
+    return [int(x) for x in text.split(",")]
+
+
 def parse_per_length(text, lengths, name):
     values = [int(x) for x in str(text).split(",")]
     if len(values) == 1:
@@ -315,7 +319,7 @@ def run(args):
         raise SystemExit("--device cuda: no CUDA device is available")
     if args.threads:
         torch.set_num_threads(args.threads)
-    lengths = [int(x) for x in args.lengths.split(",")]
+    lengths = parse_lengths(args.lengths)
     reps = parse_per_length(args.reps, lengths, "reps")
     decode_reps = parse_per_length(args.decode_reps, lengths, "decode-reps")
     specs = model_specs(args.dims, args.floater_every)
@@ -621,6 +625,12 @@ def main(argv=None):
                 setattr(args, name, value)
     if args.floater_every < 2:
         raise SystemExit("--floater-every must be >= 2 (N = 1 is the exact FLOATER, always measured)")
+    lengths = parse_lengths(args.lengths)
+    for flag, value in (("--profile-length", args.profile_length), ("--profile-decode", args.profile_decode)):
+        if value and value not in lengths:
+            raise SystemExit(f"{flag} {value}: not one of --lengths {args.lengths}")
+    if args.profile_decode and args.no_decode:
+        raise SystemExit("--profile-decode needs decoding (drop --no-decode)")
     if args.clock is None:
         args.clock = "cpu" if args.device == "cpu" else "wall"
     res = run(args)

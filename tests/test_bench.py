@@ -65,3 +65,14 @@ def test_quick_benchmark_reports_every_model_and_length(tmp_path):
         assert f"- `{name}` (" in (decoding_section if decoded else training_section)
     assert "Profiles: one decoding call at T = 32" in md
     assert md.endswith("\n## Analysis\n\nWhat dominates each unmet goal.\n")  # the notes close the report
+
+
+def test_profile_lengths_must_be_measured(tmp_path):
+    """A profile asked for at a length the run does not measure is one error line, before anything runs."""
+    for argv, message in [(["--profile-decode", "64"], "--profile-decode 64: not one of --lengths 16,32"),
+                          (["--profile-length", "8"], "--profile-length 8: not one of --lengths 16,32"),
+                          (["--profile-decode", "16", "--no-decode"], "--profile-decode needs decoding")]:
+        proc = run([sys.executable, "scripts/bench.py", "--quick", "--silent", *argv,
+                    "--out-json", str(tmp_path / "b.json"), "--out-md", str(tmp_path / "b.md")], check=False)
+        assert proc.returncode != 0 and proc.stdout.strip().splitlines()[-1].startswith(message), proc.stdout
+        assert not (tmp_path / "b.json").exists()
