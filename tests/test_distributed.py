@@ -19,9 +19,11 @@ pytorch_ddp runs without --find-unused-parameters because the fairseq patch remo
 parameter copies that fairseq 0.12.2's encoder layers hold and never use (unpatched, it fails at update 2).
 """
 import socket
+import sys
 
 import pytest
 
+from conftest import REPO
 from small_task import assert_same_model, kill_group, last_valid_loss, run1, small_data, start, train_cmd
 
 MAX_UPDATE = 6
@@ -39,12 +41,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def fp16_on_cpu(cmd):
+    """--fp16 runs go through tests/cpu_fp16_train.py (fairseq-train with its fp16 buffer on the CPU)."""
+    if "--fp16" not in cmd:
+        return cmd
+    return [sys.executable, str(REPO / "tests" / "cpu_fp16_train.py"), *cmd[1:]]
+
+
 def single_process(data, root, arch, *extra):
     """One process, --update-freq 2 (once per model: the DDP backend plays no part in it)."""
+    extra = tuple(e for e in extra if e != "--find-unused-parameters")  # a DDP flag
     key = (arch, *extra)
     if key not in _REFERENCE:
         save = root / ("single_" + "_".join((arch, *extra)).replace("-", ""))
-        log = run1(train_cmd(data, save, arch, *extra, "--update-freq", "2", max_update=MAX_UPDATE)).stdout
+        log = run1(fp16_on_cpu(train_cmd(data, save, arch, *extra, "--update-freq", "2",
+                                         max_update=MAX_UPDATE))).stdout
         _REFERENCE[key] = (save, log)
     return _REFERENCE[key]
 
@@ -58,6 +69,10 @@ def single_process(data, root, arch, *extra):
     # Adam's momentum then moves θ), and the cached biases must not depend on which batch lengths a process
     # saw (see test_floater_reproducibility.py). pytorch_ddp needs --find-unused-parameters here.
     ("floater_transformer_tiny --floater-update-every 3", "legacy_ddp"),
+    ("floater_transformer_tiny --floater-update-every 3 --find-unused-parameters", "pytorch_ddp"),
+    # the same in fp16, whose FP16Optimizer must leave θ out of its flat buffer (may_skip_update): the
+    # gradients, summed by gloo in fp16 and unscaled by powers of two, are still bit for bit one process's
+    ("floater_transformer_tiny --floater-update-every 3 --fp16 --fp16-init-scale 16", "legacy_ddp"),
 ])
 def test_two_ranks_equal_one_process_with_update_freq_2(data, tmp_path_factory, tmp_path, arch, backend):
     arch, *extra = arch.split()
@@ -69,7 +84,7 @@ def test_two_ranks_equal_one_process_with_update_freq_2(data, tmp_path_factory, 
             cmd = train_cmd(data, save, arch, *extra, "--distributed-world-size", "2", "--distributed-backend", "gloo",
                             "--ddp-backend", backend, "--distributed-init-method", init,
                             "--distributed-rank", str(rank), "--distributed-no-spawn", max_update=MAX_UPDATE)
-            procs.append(start(cmd, tmp_path / f"rank{rank}.log"))
+            procs.append(start(fp16_on_cpu(cmd), tmp_path / f"rank{rank}.log"))
         for proc in procs:
             proc.wait(timeout=600)
     finally:
@@ -86,3 +101,29 @@ def test_two_ranks_equal_one_process_with_update_freq_2(data, tmp_path_factory, 
     assert "training on 1 devices" in ref_log
     assert_same_model(ref_save / "checkpoint_last.pt", save / "checkpoint_last.pt")
     assert last_valid_loss(logs[0]) == last_valid_loss(ref_log)
+
+
+def test_pytorch_ddp_without_find_unused_parameters_is_refused_in_one_line(data, tmp_path):
+    """FLOATER's θ sits out the cached updates; pytorch_ddp would fail at the second update with pages of advice."""
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = []
+    try:
+        for rank in (0, 1):
+            cmd = train_cmd(data, tmp_path / "ddp", "floater_transformer_tiny", "--floater-update-every", "3",
+                            "--distributed-world-size", "2", "--distributed-backend", "gloo", "--ddp-backend",
+                            "pytorch_ddp", "--distributed-init-method", init, "--distributed-rank", str(rank),
+                            "--distributed-no-spawn", max_update=MAX_UPDATE)
+            procs.append(start(cmd, tmp_path / f"rank{rank}.log"))
+        for proc in procs:
+            proc.wait(timeout=300)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_group(proc)
+    for rank, proc in enumerate(procs):
+        log = (tmp_path / f"rank{rank}.log").read_text()
+        assert proc.returncode != 0, log[-2000:]
+        assert log.strip().splitlines()[-1] == (
+            "ValueError: --ddp-backend pytorch_ddp needs --find-unused-parameters for this model: some of its "
+            "parameters sit out some updates (may_skip_update)"), log[-2000:]
+        assert "num_updates=" not in log
