@@ -640,3 +640,92 @@ def test_archs_are_fairseqs_with_floater_defaults():
         ARCH_CONFIG_REGISTRY["floater_transformer" + suffix](ours)
         ARCH_CONFIG_REGISTRY["transformer" + suffix](theirs)
         assert vars(ours) == {**vars(theirs), **floater_defaults}
+
+
+# -- precision -----------------------------------------------------------------------------------------
+
+def rounded_copies(flows, initial, dtype):
+    """The float32 flows and b(0) with their values rounded through dtype, and copies of them in dtype."""
+    with torch.no_grad():
+        for flow in flows:
+            for p in flow.parameters():
+                p.copy_(p.to(dtype).float())
+    initial = [y.detach().to(dtype).float().requires_grad_() for y in initial]
+    low = [copy.deepcopy(flow).to(dtype) for flow in flows]
+    return initial, low, [y.detach().to(dtype).requires_grad_() for y in initial]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("method,adjoint", [("rk4", False), ("rk4", True), ("euler", False), ("dopri5", False)])
+def test_half_precision_model_solves_in_float32(dtype, method, adjoint):
+    """A bf16/fp16 model's solve equals the float32 model's with the same weight values; θ's and b(0)'s gradients
+    come back in the parameters' dtype, equal to the float32 gradients up to that dtype's rounding."""
+    flows, initial = random_flows(dim=16, hidden=16, dtype=torch.float32, method=method, adjoint=adjoint,
+                                  rtol=1e-6, atol=1e-8)
+    initial, low_flows, low_initial = rounded_copies(flows, initial, dtype)
+    reference = values_and_gradients(solve_flows(flows, initial, 20), flows, initial)
+    out = solve_flows(low_flows, low_initial, 20)
+    assert all(y.dtype == torch.float32 for y in out)
+    values, grads = values_and_gradients(out, low_flows, low_initial)
+    for y, ref in zip(values, reference[0]):
+        assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()
+    eps = torch.finfo(dtype).eps
+    for g, ref in zip(grads, reference[1]):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.float(), ref, rtol=eps, atol=eps * float(ref.abs().max()))
+
+
+def test_solve_is_float32_under_autocast():
+    flows, initial = random_flows(dim=16, hidden=16, dtype=torch.float32)
+    reference = values_and_gradients(solve_flows(flows, initial, 20), flows, initial)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = solve_flows(flows, initial, 20)
+    assert all(y.dtype == torch.float32 for y in out)
+    for a, b in zip([*values_and_gradients(out, flows, initial)[0]], reference[0]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_model_trains_and_decodes(dtype):
+    """Δb is added in the projections' dtype: a bf16/fp16 model's forward stays in its dtype, θ gets gradient."""
+    model = randomize_flows(build("floater_transformer_tiny")).to(dtype)
+    out = model.train()(*batch())[0]
+    assert out.dtype == dtype
+    out.float().pow(2).mean().backward()
+    theta = model.encoder.floater_flow.dynamics.fc2.weight
+    assert theta.grad.dtype == dtype and theta.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert model.eval()(*batch())[0].dtype == dtype
+
+
+# -- validation and optimizers ------------------------------------------------------------------------
+
+def test_validation_solves_once_per_parameter_version(monkeypatch):
+    """fairseq's valid_step calls model.eval() before every batch: one solve for all of them; the next
+    training update (in place through .data, then set_num_updates, as fairseq's trainer) invalidates it."""
+    model = floater_model()
+    calls = count_solves(monkeypatch)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for update in range(2):
+        model.train()
+        model(*batch())[0].pow(2).mean().backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.05)  # through .data: no _version bump
+        opt.zero_grad()
+        model.set_num_updates(update + 1)
+        calls.clear()
+        for k in range(4):
+            model.eval()
+            with torch.no_grad():
+                model(*batch(seed=k))
+        assert len(calls) == 1
+
+
+def test_theta_may_skip_update_only_with_cached_updates():
+    """--floater-update-every N > 1: θ sits out the cached updates; its parameters say so to optimizers."""
+    for every in (1, 3):
+        model = build("floater_transformer_tiny", floater_update_every=every).half()
+        theta = {id(p) for flow in flows(model) for p in flow.dynamics.parameters()}
+        for p in model.parameters():
+            assert getattr(p, "may_skip_update", False) == (every > 1 and id(p) in theta)

@@ -167,6 +167,11 @@ class FloaterTransformerModel(TransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         return FloaterTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside
+        raise RuntimeError("floater_transformer cannot be exported with torch.jit.script: its position biases come "
+                           "from an ODE solve bound to the attention in Python; use the model unscripted")
+
 
 class FloaterEncoderLayer(TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
@@ -271,7 +276,8 @@ class FloaterTransformerDecoder(TransformerDecoderBase):
             rows = _cache_size(num_positions)
             with self.floater_positions.forward_pass(max(rows, src_len)) as positions:  # one solve, or none
                 delta = positions.biases(self.floater_flow, rows)
-                saved = {"biases": torch.stack([proj.bias for proj in self.floater_projections]) + delta}
+                b0 = torch.stack([proj.bias for proj in self.floater_projections])
+                saved = {"biases": (b0.to(delta.dtype) + delta).to(b0.dtype)}  # one rounding
                 if src_len:
                     saved["cross_delta"] = positions.biases(self.floater_cross_flow, src_len)
             self.set_incremental_state(incremental_state, "floater", saved)

@@ -65,6 +65,14 @@ block's bias at every position, shared by the batch, the blocks and the sentence
   not the continuous adjoint), written out in ``_LatentRK4.backward``: one reverse sweep over the steps
   with the stage values saved by the forward; the gradient of W1W2 is one matrix product per grid interval
   (its 20 stages), so the sweep's own buffers hold one interval's stage gradients, not all of them.
+- Precision: every solve runs in float32 (float64 for a float64 model) whatever the model's dtype or autocast
+  state: θ and b(0) are cast to float32 differentiably (their gradients come back in their own dtype), the
+  state, the products, the time grid and the saved stage values are float32 and autocast is off inside the
+  solve and its backward (every solver path: latent rk4, other fixed-grid, adaptive, adjoint); Δb is cast to
+  each projection's dtype where it is added. Solved in half precision, Δb was off by 0.1–0.8% (fp16) and
+  1–20% (bf16), θ's gradient by 1–4% (fp16) and 19–55% (bf16), and an fp16 backward overflowed. The cost for
+  a half-precision model: one cast of θ and b(0) per solve, a tape twice the half-precision size, and float32
+  instead of half-precision products in the solve.
 - The other fixed-grid solvers, and ``--floater-adjoint`` (torchdiffeq's ``odeint_adjoint``), integrate h
   itself on the stacked state, with autograd through the solver (or the adjoint solve). Adaptive solvers
   (dopri5, ...) solve each flow on its own, one call per flow: their step sizes, and the gradient through
@@ -110,7 +118,8 @@ Cost and caching (paper §4.4 says one solve costs about 100 forward+backward pa
   decoding step adds one bias per projection, b(0) + Δb(t), to an ordinary linear map (the decoder keeps the
   table b(0) + Δb(t_i) in fairseq's incremental state: one cache lookup per generation, not per step). The cache key holds
   the parameters' ``data_ptr`` and ``_version`` counters, the update counter and a counter bumped by
-  ``train()``/``eval()``; ``load_state_dict`` drops it. (fairseq's Adam updates weights through ``p.data``,
+  mode changes (``train()`` after ``eval()`` and back: fairseq's validation calls ``eval()`` per batch, one
+  solve serves them all); ``load_state_dict`` drops it. (fairseq's Adam updates weights through ``p.data``,
   which does not bump ``_version``: the trainer's ``set_num_updates`` and ``train()`` calls cover that.
   After editing weights by hand through ``.data`` call ``invalidate_cache()`` on a flow: it drops both
   caches.)
@@ -219,7 +228,7 @@ def solve_on_grid(
     t = _grid_times(num_points, dt, first_index, y0.device)
     kwargs = dict(rtol=rtol, atol=atol, method=method, options=_solver_options(method))
     if adjoint:
-        return odeint_adjoint(dynamics, y0, t, adjoint_params=tuple(dynamics.parameters()), **kwargs)
+        return odeint_adjoint(dynamics, y0, t, adjoint_params=_theta(dynamics), **kwargs)
     return odeint(dynamics, y0, t, **kwargs)
 
 
@@ -235,6 +244,38 @@ class _StackedDynamics(nn.Module):
 
     def forward(self, t: Tensor, y: Tensor) -> Tensor:
         return torch.stack([h(t, y_f) for h, y_f in zip(self.flows, y)])
+
+    def theta(self) -> Tuple[Tensor, ...]:
+        """The tensors the adjoint differentiates: each flow's θ as the solve uses it (cast or not)."""
+        return tuple(p for h in self.flows for p in _theta(h))
+
+
+def solve_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of every solve: float64 for a float64 model, float32 for any other (half, bfloat16, float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _CastDynamics(nn.Module):
+    """h with θ cast to the solve's dtype, differentiably (θ's gradient goes back to the parameters in their own
+    dtype). The original module is held outside the module tree: its parameters are not this module's."""
+
+    def __init__(self, dynamics: FloaterDynamics, dtype: torch.dtype):
+        super().__init__()
+        self.theta = {name: p.to(dtype) for name, p in dynamics.named_parameters()}
+        self.original = (dynamics,)
+
+    def forward(self, t: Tensor, p: Tensor) -> Tensor:
+        return torch.func.functional_call(self.original[0], self.theta, (t, p))
+
+
+def _in_dtype(dynamics: nn.Module, dtype: torch.dtype) -> nn.Module:
+    if all(p.dtype == dtype for p in dynamics.parameters()):
+        return dynamics
+    return _CastDynamics(dynamics, dtype)
+
+
+def _theta(dynamics: nn.Module) -> Tuple[Tensor, ...]:
+    return tuple(dynamics.theta.values()) if isinstance(dynamics, _CastDynamics) else tuple(dynamics.parameters())
 
 
 def _split_weights(dynamics: Sequence[FloaterDynamics]):
@@ -334,6 +375,11 @@ class _LatentRK4(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, q_grad: Tensor):
+        with torch.autocast(q_grad.device.type, enabled=False):  # the sweep in the solve's dtype, like the forward
+            return _LatentRK4._backward(ctx, q_grad)
+
+    @staticmethod
+    def _backward(ctx, q_grad: Tensor):
         tape, Mt, times = ctx.saved_tensors
         step_sizes, used_rows = ctx.step_sizes, ctx.used_rows
         flows, evaluations, rows, hidden = tape.shape
@@ -387,10 +433,10 @@ class _LatentRK4(torch.autograd.Function):
 
 
 def _solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, t: Tensor,
-                  used_rows: Optional[Tuple[int, ...]] = None) -> Tensor:
+                  used_rows: Optional[Tuple[int, ...]] = None, dtype: Optional[torch.dtype] = None) -> Tensor:
     """RK4 on the stacked flows in latent coordinates; y0 (F, K, d) → y(t_i) (F, P, K, d) (rows of flow f from
     used_rows[f] on are padding: unspecified)."""
-    W1, w1, c1, W2, w2, c2 = _split_weights(dynamics)
+    W1, w1, c1, W2, w2, c2 = (w.to(dtype or y0.dtype) for w in _split_weights(dynamics))
     W1t, W2t = W1.transpose(1, 2), W2.transpose(1, 2)  # (F, d, hidden), (F, hidden, d)
     Mt = torch.bmm(W2t, W1t)  # (W1 W2)ᵀ: (F, hidden, hidden)
     z0 = torch.bmm(y0, W1t)  # z = W1 p
@@ -416,22 +462,29 @@ def solve_flows(
     """
     lead = flows[0]
     dynamics = list(dynamics) if dynamics is not None else [flow.dynamics for flow in flows]
+    dtype = solve_dtype(initial[0].dtype)
+    initial = [y.to(dtype) for y in initial]  # differentiable: b(0)'s gradient goes back in its own dtype
     if num_points == 1:
         return [y.unsqueeze(0) for y in initial]
+    with torch.autocast(initial[0].device.type, enabled=False):
+        return _solve_flows(lead, dynamics, initial, num_points, first_index, dtype)
+
+
+def _solve_flows(lead, dynamics, initial, num_points, first_index, dtype):
     if lead.method not in FIXED_GRID_SOLVERS:
-        return [solve_on_grid(h, y0, num_points, lead.dt, lead.method, lead.rtol, lead.atol,
+        return [solve_on_grid(_in_dtype(h, dtype), y0, num_points, lead.dt, lead.method, lead.rtol, lead.atol,
                               lead.adjoint, first_index) for h, y0 in zip(dynamics, initial)]
     rows = [y.size(0) for y in initial]
     K = max(rows)
     y0 = torch.stack([F.pad(y, (0, 0, 0, K - k)) for y, k in zip(initial, rows)])  # (F, K, d)
     t = _grid_times(num_points, lead.dt, first_index, y0.device)
     if lead.latent:
-        y = _solve_latent(dynamics, y0, t, tuple(rows)).transpose(0, 1)  # (P, F, K, d)
+        y = _solve_latent(dynamics, y0, t, tuple(rows), dtype).transpose(0, 1)  # (P, F, K, d)
     else:
-        stacked = _StackedDynamics(dynamics)
+        stacked = _StackedDynamics([_in_dtype(h, dtype) for h in dynamics])
         kwargs = dict(rtol=lead.rtol, atol=lead.atol, method=lead.method, options=_solver_options(lead.method))
         if lead.adjoint and torch.is_grad_enabled():
-            y = odeint_adjoint(stacked, y0, t, adjoint_params=tuple(stacked.parameters()), **kwargs)
+            y = odeint_adjoint(stacked, y0, t, adjoint_params=stacked.theta(), **kwargs)
         else:
             y = odeint(stacked, y0, t, **kwargs)
     return [y[:, f, :k] for f, k in enumerate(rows)]
@@ -448,7 +501,7 @@ class _TrainCache(NamedTuple):
     delta: Optional[Tensor] = None  # (P, k, d) Δb(t_i) solved from those, without gradient (see _canonical)
 
     def to(self, like: Tensor) -> "_TrainCache":
-        delta = self.delta.to(like) if self.delta is not None else None
+        delta = self.delta.to(like.device) if self.delta is not None else None  # stays in the solve's dtype
         return _TrainCache(self.y0.to(like), self.dynamics.to(like), delta)
 
 
@@ -485,13 +538,19 @@ class FloaterFlow(nn.Module):
         hidden = hidden if hidden is not None else dim
         check_flow_settings(dt=dt, method=method, rtol=rtol, atol=atol, update_every=update_every, hidden=hidden)
         self.dynamics = FloaterDynamics(dim, hidden)
+        if update_every > 1:
+            # θ sits out the cached updates (pause_theta: no gradient, not even a zero one); an optimizer that
+            # keeps flat parameter buffers (fairseq's FP16Optimizer) must then not step it, as fp32 optimizers
+            # skip a parameter whose grad is None.
+            for p in self.dynamics.parameters():
+                p.may_skip_update = True
         self.dt, self.method, self.rtol, self.atol = float(dt), method, float(rtol), float(atol)
         self.adjoint, self.update_every = bool(adjoint), int(update_every)
         # rk4 by direct backprop solves in latent coordinates z = W1 p when that is cheaper (hidden ≤ 2d).
         self.latent = method == "rk4" and not self.adjoint and hidden <= 2 * dim
         self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
         self._num_updates = 0  # host copy of the buffer (no device sync per forward)
-        self._generation = 0  # bumped by train()/eval(); part of the eval cache key
+        self._generation = 0  # bumped when train()/eval() changes the mode; part of the eval cache key
         self._epoch = 0  # bumped by invalidate_cache() and load_state_dict: drops the eval cache
         self.train_cache: Optional[_TrainCache] = None
         self._paused: List[nn.Parameter] = []  # θ taken out of autograd for cached updates (see pause_theta)
@@ -511,13 +570,19 @@ class FloaterFlow(nn.Module):
         self.num_updates.fill_(self._num_updates)
 
     def train(self, mode: bool = True):
-        self._generation += 1
+        # A mode change, not every call: fairseq's validation calls eval() before every batch, and one solve
+        # per parameter version is enough. Every training update lies between a train() and the next eval().
+        if bool(mode) != self.training:
+            self._generation += 1
         self.resume_theta()
         return super().train(mode)
 
     def pause_theta(self):
         """A cached update: θ takes no part, so it gets no gradient, not even a zero one (DDP backends fill
-        in zeros for parameters that require grad and have none, and Adam's momentum would then move θ)."""
+        in zeros for parameters that require grad and have none, and Adam's momentum would then move θ).
+        With update_every > 1 θ's parameters carry ``may_skip_update = True`` (set in ``__init__``): an
+        optimizer with flat parameter buffers (fairseq's FP16Optimizer) keeps them apart and does not step
+        them on such updates, as fp32 optimizers skip a parameter whose grad is None."""
         if not self._paused:
             self._paused = [p for p in self.dynamics.parameters() if p.requires_grad]
             for p in self._paused:
@@ -564,7 +629,8 @@ class FloaterFlow(nn.Module):
     # -- the biases --------------------------------------------------------------------------------
     def forward(self, initial: Sequence[Tensor], num_positions: int) -> Tensor:
         b0 = torch.stack(list(initial))  # (k, d): the state, every driven projection's b(0)
-        return solve_checked([self], [b0], max(int(num_positions), 1))[0] - b0
+        y = solve_checked([self], [b0], max(int(num_positions), 1))[0]
+        return y - b0.to(y.dtype)
 
     def describe_failure(self, first_index: int, num_points: int, what: str) -> str:
         steps = f", step Δ/{STEPS_PER_DT}" if self.method in FIXED_GRID_SOLVERS else ""
@@ -683,7 +749,7 @@ class FloaterPositions:
             if lead.update_every > 1:
                 caches = [_TrainCache(b.detach().clone(), _frozen_copy(flow.dynamics)) for flow, b in zip(flows, b0)]
                 self._canonical(caches, num_positions)  # now: the cached updates then do no solver work
-            return [y - b for y, b in zip(ys, b0)]
+            return [y - b.to(y.dtype) for y, b in zip(ys, b0)]
         for flow in flows:
             flow.pause_theta()
         return self._canonical(caches, num_positions)
@@ -698,7 +764,7 @@ class FloaterPositions:
         if delta[0] is None:
             with torch.no_grad():
                 ys = solve_checked(flows, [c.y0 for c in caches], MIN_CACHE, dynamics=[c.dynamics for c in caches])
-            delta = [y - c.y0 for y, c in zip(ys, caches)]
+            delta = [y - c.y0.to(y.dtype) for y, c in zip(ys, caches)]
         while delta[0].size(0) < num_positions:
             delta = self._extended([c.y0 for c in caches], delta, 2 * delta[0].size(0),
                                    [c.dynamics for c in caches])
@@ -727,7 +793,7 @@ class FloaterPositions:
                 b0 = self._initial()
                 ys = solve_checked(self.flows, b0, _cache_size(num_positions))
             cache = self._eval_cache = _EvalCache(key, self._epochs(), self._layout(), b0,
-                                                  [y - b for y, b in zip(ys, b0)])
+                                                  [y - b.to(y.dtype) for y, b in zip(ys, b0)])
         delta = self._extended(cache.y0, cache.delta, num_positions)
         if delta is not cache.delta:
             self._eval_cache = cache._replace(delta=delta)
@@ -741,9 +807,9 @@ class FloaterPositions:
         if have >= num_positions:
             return delta
         want = _cache_size(max(num_positions, 2 * have))
-        last = [b + d[-1] for b, d in zip(y0, delta)]  # b(t_{have−1})
+        last = [b.to(d.dtype) + d[-1] for b, d in zip(y0, delta)]  # b(t_{have−1}), in the solve's dtype
         more = solve_checked(self.flows, last, want - have + 1, first_index=have - 1, dynamics=dynamics)
-        return [torch.cat([d, m[1:] - b]) for d, m, b in zip(delta, more, y0)]
+        return [torch.cat([d, m[1:] - b.to(m.dtype)]) for d, m, b in zip(delta, more, y0)]
 
     def _initial(self) -> List[Tensor]:
         """Per flow (k, d): b(0) of every projection it drives (the solve's initial state)."""
@@ -803,7 +869,7 @@ class PositionBiasedLinear(nn.Linear):
         if binding is None:
             return super().forward(x)
         if isinstance(binding, Tensor):
-            return F.linear(x, self.weight, binding)
+            return F.linear(x, self.weight, binding.to(self.weight.dtype))
         y = super().forward(x)
         delta, rows = binding
         if callable(rows):
@@ -812,7 +878,7 @@ class PositionBiasedLinear(nn.Linear):
             # Beam search: encoder-decoder attention projects one copy of the encoder states per
             # sentence (MultiheadAttention.beam_size), the first of each group of hypotheses.
             rows = rows.view(rows.size(0), y.size(1), -1)[:, :, 0]
-        return y + delta[rows]  # (T, B, out) + (T, B|1, out)
+        return y + delta[rows].to(y.dtype)  # (T, B, out) + (T, B|1, out); Δb is in the solve's dtype
 
 
 class PositionBiasedMultiheadAttention(MultiheadAttention):
