@@ -157,6 +157,11 @@ class RelativeTransformerModel(TransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         return RelativeTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside
+        raise RuntimeError("relative_transformer cannot be exported with torch.jit.script: its relative attention "
+                           "(a custom autograd function) is not TorchScript code; use the model unscripted")
+
 
 # architectures
 

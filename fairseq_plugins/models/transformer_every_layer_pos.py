@@ -68,6 +68,11 @@ class TransformerEveryLayerPosModel(TransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         return EveryLayerPosDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside
+        raise RuntimeError("transformer_every_layer_pos cannot be exported with torch.jit.script: its blocks take the "
+                           "position signal through a Python-side binding; use the model unscripted")
+
 
 class _PositionAtInput:
     """A Transformer block that first adds ``position_signal`` (T, B|1, C) to its input, when one is bound."""

@@ -1,0 +1,97 @@
+"""What third_party/fairseq-0.12.2.patch must keep working in fairseq itself: TorchScript export of the
+Transformer and of its SequenceGenerator (fairseq's own TestJitSequenceGenerator checks, plus equal hypotheses).
+The plugin archs refuse torch.jit.script in one line."""
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import utils
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.models.transformer import TransformerModel
+from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
+
+utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+
+PLUGIN_ARCHS = ["transformer_every_layer_pos_tiny", "relative_transformer_tiny", "floater_transformer_tiny"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Task:
+    def __init__(self, vocab=100):
+        d = Dictionary()
+        for i in range(vocab):
+            d.add_symbol(str(i), n=1000)
+        self.source_dictionary = self.target_dictionary = d
+
+
+TASK = Task()
+
+
+def fairseq_test_transformer():
+    """The model of fairseq's TestJitSequenceGeneratorBase: the `transformer` defaults, 2 encoder layers, 1 decoder."""
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+    TransformerModel.add_args(parser)
+    args = parser.parse_args([])
+    args.encoder_layers, args.decoder_layers = 2, 1
+    return TransformerModel.build_model(args, TASK).eval()
+
+
+def sample(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    eos = TASK.target_dictionary.eos()
+    src = torch.cat([torch.randint(3, 50, (2, 10), generator=g), torch.full((2, 1), eos)], dim=1)
+    return {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([11, 11])}}
+
+
+def test_transformer_and_ensemble_script():
+    model = fairseq_test_transformer()
+    torch.jit.script(model)
+    torch.jit.script(EnsembleModel([model]))
+
+
+def test_scripted_sequence_generator_gives_the_unscripted_hypotheses(tmp_path):
+    torch.manual_seed(0)
+    model = fairseq_test_transformer()
+    generator = SequenceGenerator([model], TASK.target_dictionary, beam_size=2, no_repeat_ngram_size=2, max_len_b=10)
+    scripted = torch.jit.script(generator)
+    scripted.save(str(tmp_path / "generator.pt"))
+    loaded = torch.jit.load(str(tmp_path / "generator.pt"))
+    expected = generator.forward(sample())
+    for got in (scripted.forward(sample()), loaded.forward(sample())):
+        assert len(got) == len(expected)
+        for hypos, want in zip(got, expected):
+            assert len(hypos) == len(want) == 2
+            for h, w in zip(hypos, want):
+                assert torch.equal(h["tokens"], w["tokens"])
+                torch.testing.assert_close(h["positional_scores"], w["positional_scores"], rtol=0, atol=1e-5)
+                assert abs(float(h["score"]) - float(w["score"])) < 1e-5
+                torch.testing.assert_close(h["attention"], w["attention"], rtol=0, atol=1e-5)
+
+
+def build(arch):
+    args = argparse.Namespace(arch=arch, dropout=0.0)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK).eval()
+
+
+@pytest.mark.parametrize("arch", PLUGIN_ARCHS)
+def test_plugin_archs_refuse_torchscript_in_one_line(arch):
+    model = build(arch)
+    name = arch.removesuffix("_tiny")
+    for target in (model, SequenceGenerator([model], TASK.target_dictionary, beam_size=2)):
+        with pytest.raises(RuntimeError) as error:
+            torch.jit.script(target)
+        message = str(error.value)
+        assert "\n" not in message
+        assert message.startswith(f"{name} cannot be exported with torch.jit.script: "), message
+    # the model itself is untouched and still generates
+    SequenceGenerator([model], TASK.target_dictionary, beam_size=2, max_len_b=5).forward(sample())
