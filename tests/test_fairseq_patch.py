@@ -1,16 +1,22 @@
 """What third_party/fairseq-0.12.2.patch must keep working in fairseq itself: TorchScript export of the
-Transformer and of its SequenceGenerator (fairseq's own TestJitSequenceGenerator checks, plus equal hypotheses).
-The plugin archs refuse torch.jit.script in one line."""
+Transformer and of its SequenceGenerator (fairseq's own TestJitSequenceGenerator checks, plus equal hypotheses),
+and `fairseq-train --bf16` on CPU without a TPU. The plugin archs refuse torch.jit.script in one line."""
 import argparse
+import math
+import re
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from fairseq import utils
+from fairseq import checkpoint_utils, utils
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from small_task import run1, small_data, train_cmd  # noqa: E402
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 
@@ -95,3 +101,29 @@ def test_plugin_archs_refuse_torchscript_in_one_line(arch):
         assert message.startswith(f"{name} cannot be exported with torch.jit.script: "), message
     # the model itself is untouched and still generates
     SequenceGenerator([model], TASK.target_dictionary, beam_size=2, max_len_b=5).forward(sample())
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return small_data(tmp_path_factory)
+
+
+@pytest.mark.parametrize("arch,optimizer", [
+    ("transformer_tiny", "FP16Optimizer"),
+    ("transformer_every_layer_pos_tiny", "FP16Optimizer"),
+    ("relative_transformer_tiny", "FP16Optimizer"),
+    ("floater_transformer_tiny", "FP16Optimizer"),
+    ("transformer_tiny", "MemoryEfficientFP16Optimizer"),
+])
+def test_bf16_trains_on_cpu_without_a_tpu(data, tmp_path, arch, optimizer):
+    flag = "--bf16" if optimizer == "FP16Optimizer" else "--memory-efficient-bf16"
+    proc = run1(train_cmd(data, tmp_path, arch, flag, "--disable-validation", max_update=3))
+    log = proc.stdout
+    assert "Traceback" not in log, log[-2000:]
+    losses = [float(x) for x in re.findall(r"train_inner \| .*? loss=([-0-9.naif]+),", log)]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses), log[-2000:]
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "checkpoint_last.pt"))
+    assert state["cfg"]["common"]["bf16"] and not state["cfg"]["common"]["tpu"]
+    # the bf16 mixed-precision optimizer ran (fp32 training would record the plain Adam)
+    assert state["optimizer_history"][-1]["optimizer_name"] == optimizer
+    assert state["optimizer_history"][-1]["num_updates"] == 3
