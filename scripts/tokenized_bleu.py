@@ -12,6 +12,10 @@ multi-bleu.perl scores the result without further tokenization. Here:
 3. corpus BLEU with sacrebleu, tokenize='none' (case-sensitive, as multi-bleu.perl).
 
     tokenized_bleu.py HYPOTHESES REFERENCE      prints the score (plain text, one sentence per line)
+    tokenized_bleu.py --lowercase --no-compound-split HYPOTHESES REFERENCE
+
+The second form is the Multi30k literature's BLEU (e.g. Wu, Kong & Kao 2021): lowercased, tokenized text,
+multi-bleu.perl on the tokens, no compound splitting (METHOD_LOWERCASE).
 
 This number is comparable to the papers' tables; it is not comparable across tokenizations, which is
 why scripts/score.py reports sacreBLEU (with its signature) as well.
@@ -27,6 +31,7 @@ _TOKENIZE = Tokenizer13a()
 
 METHOD = ("sacrebleu 13a tokenization + ##AT##-##AT## compound splitting (get_ende_bleu.sh), "
           "then corpus BLEU with tokenize=none")
+METHOD_LOWERCASE = "sacrebleu 13a tokenization, lowercased, then corpus BLEU with tokenize=none (multi-bleu.perl on tokens)"
 
 
 def split_compounds(line):
@@ -37,28 +42,35 @@ def split_compounds(line):
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
 
 
-def prepare(line):
-    return split_compounds(_TOKENIZE(line.strip()))
+def prepare(line, lowercase=False, compounds=True):
+    text = _TOKENIZE(line.strip())
+    if lowercase:
+        text = text.lower()
+    return split_compounds(text) if compounds else text
 
 
-def tokenized_bleu(hypotheses, references):
+def tokenized_bleu(hypotheses, references, lowercase=False, compounds=True):
     """sacrebleu BLEUScore of the prepared hypotheses against one prepared reference per sentence."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     bleu = sacrebleu.metrics.BLEU(tokenize="none")
-    return bleu.corpus_score([prepare(h) for h in hypotheses], [[prepare(r) for r in references]])
+    return bleu.corpus_score([prepare(h, lowercase, compounds) for h in hypotheses],
+                             [[prepare(r, lowercase, compounds) for r in references]])
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("hypotheses")
     ap.add_argument("reference")
+    ap.add_argument("--lowercase", action="store_true", help="lowercase both sides after tokenizing")
+    ap.add_argument("--no-compound-split", dest="compounds", action="store_false",
+                    help="score the tokens as they are (no ##AT##-##AT## splitting)")
     args = ap.parse_args()
     with open(args.hypotheses, encoding="utf-8") as f:
         hyps = [line.rstrip("\n") for line in f]
     with open(args.reference, encoding="utf-8") as f:
         refs = [line.rstrip("\n") for line in f]
-    print(f"{tokenized_bleu(hyps, refs).score:.2f}")
+    print(f"{tokenized_bleu(hyps, refs, args.lowercase, args.compounds).score:.2f}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# Evidence on real text: Multi30k En-De (test_2016_flickr), several seeds per model, one budget for all, paired
+# bootstrap significance against the Transformer, FLOATER by the paper's warm-start protocol.
+#
+#   MULTI30K_DIR=../shared/data/multi30k scripts/run_multi30k_study.sh      # train/val/test_2016_flickr.{en,de}
+#   JOBS=2 ... scripts/run_multi30k_study.sh                                 # two single-threaded runs side by side
+#
+# Recipe: the tiny Transformer of the Multi30k literature (Wu, Kong & Kao 2021: 4+4 layers, d=128, FFN 256,
+# 4 heads, shared embeddings, dropout 0.3, Adam, lr 0.005, inverse-sqrt, label smoothing 0.1, 4,096 tokens per
+# batch, checkpoint averaging, beam 5), on a CPU budget: EPOCHS epochs of the full training data (~130 updates
+# each; the literature trains 8,000 updates ≈ 62 epochs), warm-up scaled to match. Joint sentencepiece BPE
+# (VOCAB, default 10,000, ~ the literature's 10k merges) on cased text, so that both metrics below are meaningful.
+#
+# Models (MODELS; each trained for every seed in SEEDS):
+#   transformer     sinusoidal absolute positions (fairseq transformer)
+#   relative        Shaw et al. 2018 relative positions, k = 16 (relative_transformer)
+#   floater         FLOATER trained from scratch (floater_transformer)
+#   floater_warm    FLOATER by its paper's protocol: the same seed's trained transformer converted exactly
+#                   (scripts/transformer_to_floater.py), fine-tuned FT_EPOCHS epochs at half the peak lr
+#   transformer_ft  control: the same seed's transformer fine-tuned exactly like floater_warm, without FLOATER
+# Every run is evaluated on the average of its last AVG (fine-tunes: FT_AVG) epoch checkpoints, beam 5, length
+# penalty 1: sacreBLEU (cased, detokenized, with signature) and the literature's tokenized lowercased BLEU.
+#
+# Every (model, seed) is its own resumable run: fairseq resumes from checkpoint_last.pt, and a run whose result
+# JSON exists is skipped, so the study can span several sessions. Each run has THREADS (default 1) threads;
+# JOBS (default 1) runs go side by side. Warm starts and their control run after all other runs.
+#
+# Train-short / test-long protocol (FLOATER Fig. 2): MAX_TRAIN_LEN=14 trains on pairs whose source has <= 14
+# words, into its own data, checkpoint and result directories, and adds BLEU by source length (EDGES).
+#
+# The runs take hours: to keep them on one fixed version of the code, run the script from a snapshot of a commit
+# (git archive HEAD | tar -x -C SNAP; CODE_VERSION=<commit> DATA_DIR=... CKPT_ROOT=... OUT_DIR=... absolute).
+#
+# Variables: PAIR (en-de), MODELS, SEEDS (1 2 3), EPOCHS (8), WARMUP (250 updates), LR (0.005), FT_EPOCHS (3),
+# FT_WARMUP (50), AVG (3), FT_AVG (2), VOCAB, MODEL_ARGS, MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
+# MAX_TRAIN_LEN, EDGES; DATA_DIR, CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN],
+# checkpoints/multi30k_study[_lenN], results/multi30k_study[/lenN]).
+set -euo pipefail
+
+main() {
+cd "$(dirname "$0")/.."
+PAIR=${PAIR:-en-de}
+SRC=${PAIR%-*} TGT=${PAIR#*-}
+MODELS=${MODELS:-"transformer relative floater floater_warm transformer_ft"}
+SEEDS=${SEEDS:-"1 2 3"}
+EPOCHS=${EPOCHS:-8} WARMUP=${WARMUP:-250} LR=${LR:-0.005}
+FT_EPOCHS=${FT_EPOCHS:-3} FT_WARMUP=${FT_WARMUP:-50}
+AVG=${AVG:-3} FT_AVG=${FT_AVG:-2}
+VOCAB=${VOCAB:-10000} MAX_TOKENS=${MAX_TOKENS:-4096} BEAM=${BEAM:-5} LENPEN=${LENPEN:-1}
+JOBS=${JOBS:-1} THREADS=${THREADS:-1}
+MAX_TRAIN_LEN=${MAX_TRAIN_LEN:-}
+EDGES=${EDGES:-1,10,15,20,inf}
+MODEL_ARGS=${MODEL_ARGS:-"--encoder-layers 4 --decoder-layers 4 --encoder-embed-dim 128 --decoder-embed-dim 128 \
+--encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 --encoder-attention-heads 4 --decoder-attention-heads 4"}
+MULTI30K_DIR=${MULTI30K_DIR:-../shared/data/multi30k}
+suffix=${MAX_TRAIN_LEN:+_len$MAX_TRAIN_LEN}
+DATA=${DATA_DIR:-data/multi30k_study_$SRC$TGT$suffix}
+CKPT_ROOT=${CKPT_ROOT:-checkpoints/multi30k_study$suffix}
+OUT=${OUT_DIR:-results/multi30k_study${MAX_TRAIN_LEN:+/len$MAX_TRAIN_LEN}}
+
+# --- check every input before anything is written
+for v in EPOCHS WARMUP FT_EPOCHS FT_WARMUP AVG FT_AVG VOCAB MAX_TOKENS BEAM JOBS THREADS ${MAX_TRAIN_LEN:+MAX_TRAIN_LEN}; do
+  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v=${!v}: expected a positive integer"
+done
+[[ $LR =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ ]] || die "LR=$LR: expected a positive number"
+[[ $LENPEN =~ ^[0-9]*\.?[0-9]+$ ]] || die "LENPEN=$LENPEN: expected a number"
+[ -n "${SEEDS// /}" ] || die "SEEDS is empty: expected positive integers, e.g. \"1 2 3\""
+for s in $SEEDS; do [[ $s =~ ^[1-9][0-9]*$ ]] || die "SEEDS=\"$SEEDS\": expected positive integers, got '$s'"; done
+[ -n "${MODELS// /}" ] || die "MODELS is empty: expected some of transformer relative floater floater_warm transformer_ft"
+for m in $MODELS; do
+  case $m in
+    transformer|relative|floater) ;;
+    floater_warm|transformer_ft) [[ " $MODELS " == *" transformer "* ]] ||
+      die "MODELS=\"$MODELS\": $m starts from the transformer of the same seed, so MODELS must list transformer" ;;
+    *) die "MODELS=\"$MODELS\": unknown model '$m' (expected transformer relative floater floater_warm transformer_ft)" ;;
+  esac
+done
+(( AVG <= EPOCHS )) || die "AVG=$AVG: expected at most EPOCHS=$EPOCHS checkpoints to average"
+(( FT_AVG <= FT_EPOCHS )) || die "FT_AVG=$FT_AVG: expected at most FT_EPOCHS=$FT_EPOCHS checkpoints to average"
+for split in train val test_2016_flickr; do
+  for lang in "$SRC" "$TGT"; do
+    [ -s "$MULTI30K_DIR/$split.$lang" ] ||
+      die "MULTI30K_DIR=$MULTI30K_DIR lacks $split.$lang (expected train, val, test_2016_flickr .$SRC/.$TGT)"
+  done
+done
+export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+# the code each run was trained with, recorded in its result (CODE_VERSION: e.g. the commit of a snapshot)
+CODE=${CODE_VERSION:-"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"}
+[ -z "$(git status --porcelain -- fairseq_plugins 2>/dev/null)" ] || CODE="$CODE+uncommitted fairseq_plugins changes"
+
+# --- data: full training set (or its short pairs), val for validation, test_2016_flickr for test
+mkdir -p "$DATA/raw" "$OUT/runs" "$CKPT_ROOT"
+if [ ! -s "$DATA/raw/test.$TGT" ]; then
+  if [ -n "$MAX_TRAIN_LEN" ]; then
+    python scripts/filter_by_length.py --max-words "$MAX_TRAIN_LEN" \
+      --src "$MULTI30K_DIR/train.$SRC" --tgt "$MULTI30K_DIR/train.$TGT" --out-prefix "$DATA/raw/train"
+  else
+    for lang in "$SRC" "$TGT"; do copy "$MULTI30K_DIR/train.$lang" "$DATA/raw/train.$lang"; done
+  fi
+  for lang in "$SRC" "$TGT"; do
+    copy "$MULTI30K_DIR/val.$lang" "$DATA/raw/valid.$lang"
+    copy "$MULTI30K_DIR/test_2016_flickr.$lang" "$DATA/raw/test.$lang"  # last: marks the step done
+  done
+fi
+bash scripts/prepare_bitext.sh "$DATA/raw" "$DATA" "$SRC" "$TGT" "$VOCAB"
+RECIPE="epochs=$EPOCHS warmup=$WARMUP lr=$LR ft_epochs=$FT_EPOCHS ft_warmup=$FT_WARMUP avg=$AVG ft_avg=$FT_AVG \
+vocab=$VOCAB max_tokens=$MAX_TOKENS beam=$BEAM lenpen=$LENPEN max_train_len=${MAX_TRAIN_LEN:-none} model_args=$MODEL_ARGS"
+
+# --- the runs: first everything trained from scratch, then what starts from a trained transformer
+failed=0
+for phase in scratch warm; do
+  for m in $MODELS; do
+    case $m in floater_warm|transformer_ft) [ $phase = warm ] || continue ;; *) [ $phase = scratch ] || continue ;; esac
+    for s in $SEEDS; do
+      while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || failed=$((failed + 1)); done
+      run_one "$m" "$s" &
+    done
+  done
+  while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=$((failed + 1)); done
+done
+
+# --- table (partial while runs are missing), validation curves, BLEU by length
+echo
+python scripts/study_table.py table --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
+  --sentences "$(awk 'END { print NR }' "$DATA/raw/test.$TGT")" --out "$OUT"
+if compgen -G "$OUT/runs/*.json" > /dev/null; then
+  python scripts/study_table.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
+    --title "Multi30k $SRC-$TGT: validation loss (${MAX_TRAIN_LEN:+train <= $MAX_TRAIN_LEN words, }one line per seed)"
+fi
+if [ -n "$MAX_TRAIN_LEN" ] && compgen -G "$OUT/runs/*.length.json" > /dev/null; then
+  python scripts/length_eval.py table "$OUT"/runs/*.length.json --out "$OUT/length_table.md" > /dev/null
+  python scripts/length_eval.py plot "$OUT"/runs/*.length.json --out "$OUT/length.png" \
+    --train-max-len "$MAX_TRAIN_LEN" --title "Multi30k $SRC-$TGT: BLEU by source length" > /dev/null
+fi
+echo "results: $OUT/"
+(( failed == 0 )) || die "$failed run(s) failed: see the logs above"
+}
+
+die() { echo "run_multi30k_study.sh: $*" >&2; exit 1; }
+
+copy() { cp "$1" "$2.tmp" && mv "$2.tmp" "$2"; }
+
+# One (model, seed): train (resuming), average, translate test, score. Its own log: CKPT_ROOT/MODEL.seedS/train.log.
+run_one() {
+  local model=$1 seed=$2
+  local name=$model.seed$seed
+  local dir=$CKPT_ROOT/$name result=$OUT/runs/$name.json
+  if [ -s "$result" ]; then
+    python - "$result" "$RECIPE" <<'PY' || die "$result was made with another recipe; remove it (and its checkpoints) to run it again"
+import json, sys
+sys.exit(json.load(open(sys.argv[1], encoding="utf-8")).get("recipe") != sys.argv[2])
+PY
+    echo "== $name: skipped (done: $result)"
+    return 0
+  fi
+  mkdir -p "$dir"
+  local arch epochs=$EPOCHS warmup=$WARMUP lr=$LR avg=$AVG extra=() offset=0
+  case $model in
+    transformer) arch=transformer_tiny ;;
+    relative) arch=relative_transformer_tiny extra=(--max-relative-positions 16) ;;  # Shaw et al. base: k = 16
+    floater) arch=floater_transformer_tiny ;;
+    floater_warm|transformer_ft)
+      local source=$CKPT_ROOT/transformer.seed$seed/checkpoint_last.pt
+      [ -s "$OUT/runs/transformer.seed$seed.json" ] ||
+        { echo "== $name: its transformer (seed $seed) has not finished: $OUT/runs/transformer.seed$seed.json missing" >&2; return 1; }
+      offset=$(python scripts/study_table.py updates "$OUT/runs/transformer.seed$seed.json")
+      # the paper's protocol: continue from the trained transformer at half its peak lr, then average
+      epochs=$FT_EPOCHS warmup=$FT_WARMUP avg=$FT_AVG lr=$(python -c "print($LR / 2)")
+      if [ $model = floater_warm ]; then
+        arch=floater_transformer_tiny
+        [ -s "$dir/warm_start.pt" ] || python scripts/transformer_to_floater.py "$source" "$dir/warm_start.pt" \
+          >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
+        extra=(--finetune-from-model "$dir/warm_start.pt")
+      else
+        arch=transformer_tiny extra=(--finetune-from-model "$source")
+      fi ;;
+  esac
+  echo "== $name: training $arch (log: $dir/train.log)"
+  # shellcheck disable=SC2086
+  fairseq-train "$DATA/bin" --user-dir fairseq_plugins --arch $arch $MODEL_ARGS --share-all-embeddings "${extra[@]}" \
+    --optimizer adam --adam-betas '(0.9,0.98)' --lr "$lr" --lr-scheduler inverse_sqrt --warmup-updates "$warmup" \
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --dropout 0.3 \
+    --max-tokens "$MAX_TOKENS" --max-epoch "$epochs" --seed "$seed" \
+    --cpu --num-workers 0 --save-dir "$dir" --keep-last-epochs "$avg" \
+    --log-format simple --log-interval 50 >> "$dir/train.log" 2>&1 ||
+    { echo "== $name: training failed; last lines of $dir/train.log:" >&2; tail -5 "$dir/train.log" >&2; return 1; }
+  python scripts/average_checkpoints.py --inputs "$dir" --num-epoch-checkpoints "$avg" --output "$dir/average.pt" \
+    >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
+  REUSE=1 SRC=$SRC TGT=$TGT BEAM=$BEAM LENPEN=$LENPEN bash scripts/generate.sh "$DATA" "$dir/average.pt" test \
+    "$dir/test.json" >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
+  if [ -n "$MAX_TRAIN_LEN" ]; then
+    python scripts/length_eval.py score --name "$name" --edges "$EDGES" --src "$DATA/raw/test.$SRC" \
+      --ref "$DATA/raw/test.$TGT" --hyp "$dir/test.hyp" --out "$OUT/runs/$name.length.json" > /dev/null
+  fi
+  python scripts/study_table.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \
+    --ref "$DATA/raw/test.$TGT" --train-log "$dir/train.log" --out "$result" \
+    --meta "recipe=$RECIPE" "arch=$arch" "epochs=$epochs" "lr=$lr" "averaged=$avg" "update_offset=$offset" \
+    "code=$CODE" "threads=$THREADS" "jobs=$JOBS" |
+    sed "s/^/== /"
+}
+
+main "$@"; exit $?

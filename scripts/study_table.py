@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""Results of a multi-seed study (scripts/run_multi30k_study.sh): one JSON per (model, seed) run, the table
+with mean ± std and paired bootstrap p-values, and the validation-loss curves.
+
+  # one finished run: its generate.sh JSON + hypotheses -> RUNS/MODEL.seedS.json and .hyp
+  scripts/study_table.py run-result --model transformer --seed 1 --test-json RUN/test.json \
+      --ref data/.../raw/test.de --train-log RUN/train.log --out RUNS/transformer.seed1.json [--meta k=v ...]
+  # every run JSON in RUNS -> table.md (+ summary.json); runs missing from MODELS x SEEDS mark it partial
+  scripts/study_table.py table --runs RUNS --models "transformer relative" --seeds "1 2 3" --out OUT_DIR
+  # validation loss against updates, one line per run
+  scripts/study_table.py plot --runs RUNS --out OUT_DIR/valid_loss.png
+
+Two BLEU scores per run: sacreBLEU (cased, detokenized, with its signature) and the Multi30k literature's
+tokenized BLEU (13a tokens, lowercased, BLEU on tokens: scripts/tokenized_bleu.py --lowercase
+--no-compound-split). Significance: sacrebleu's paired bootstrap resampling (1,000 resamples, seed 12345),
+per seed (seed s of one model against seed s of the other) and pooled (the seeds' test sets concatenated).
+"""
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import sys
+
+import sacrebleu
+from sacrebleu.significance import PairedTest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tokenized_bleu import METHOD_LOWERCASE, prepare, tokenized_bleu  # noqa: E402
+
+ALPHA = 0.05
+SAMPLES = 1000
+# The papers' claims, as (claim, model, reference model): "model > reference" is what the paper reports.
+CLAIMS = [
+    ("relative > absolute (Shaw et al. 2018, Table 1)", "relative", "transformer"),
+    ("FLOATER > sinusoidal, paper's protocol (Liu et al. 2020, Table 2)", "floater_warm", "transformer"),
+    ("FLOATER > sinusoidal, same extra fine-tuning for both", "floater_warm", "transformer_ft"),
+    ("FLOATER > sinusoidal, both from scratch (not in the paper)", "floater", "transformer"),
+    ("warm start >= from scratch (Liu et al. 2020, Sec. 3.3)", "floater_warm", "floater"),
+]
+
+
+def fail(msg):
+    sys.exit(f"study_table.py: {msg}")
+
+
+def write_atomic(path, text):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def read_lines(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f]
+    except OSError as err:
+        fail(f"cannot read {path}: {err.strerror}")
+
+
+def parse_train_log(path):
+    """(validation curve [(updates, loss)], training seconds) from a fairseq-train log. A resumed run appends a
+    new session to the log: its seconds run from its start line to its last finished epoch."""
+    from datetime import datetime
+
+    curve, seconds, start, end = {}, 0.0, None, None
+    for line in read_lines(path) + ["<end>"]:
+        stamp = line[:19]
+        if "fairseq_cli.train | {" in line or line == "<end>":  # a session starts (or the log ends)
+            if start is not None and end is not None:
+                seconds += (end - start).total_seconds()
+            start, end = (datetime.fromisoformat(stamp) if line != "<end>" else None), None
+        elif "| train | epoch" in line and start is not None:
+            end = datetime.fromisoformat(stamp)
+        m = re.search(r"valid on 'valid' subset \| loss ([0-9.]+) .*\| num_updates (\d+)", line)
+        if m:
+            curve[int(m.group(2))] = float(m.group(1))
+    return sorted(curve.items()), seconds
+
+
+def updates(args):
+    """The last update of a finished run (the x offset of the runs that continue it)."""
+    try:
+        with open(args.run_json, encoding="utf-8") as f:
+            curve = json.load(f)["valid_loss"]
+    except (OSError, ValueError, KeyError) as err:
+        fail(f"{args.run_json}: not a run result ({err})")
+    print(curve[-1][0] if curve else 0)
+
+
+def run_result(args):
+    try:
+        with open(args.test_json, encoding="utf-8") as f:
+            test = json.load(f)
+    except (OSError, ValueError) as err:
+        fail(f"--test-json {args.test_json}: not a readable generate.sh result ({err})")
+    hyps, refs = read_lines(test["hypotheses"]), read_lines(args.ref)
+    if len(hyps) != len(refs):
+        fail(f"{test['hypotheses']} has {len(hyps)} lines for {len(refs)} in {args.ref}")
+    curve, train_seconds = parse_train_log(args.train_log)
+    base = args.out[:-len(".json")] if args.out.endswith(".json") else args.out
+    shutil.copyfile(test["hypotheses"], base + ".hyp.tmp")
+    os.replace(base + ".hyp.tmp", base + ".hyp")
+    result = {
+        "model": args.model, "seed": args.seed,
+        "bleu": test["bleu"], "sacrebleu_signature": test["sacrebleu_signature"],
+        "bleu_tok_lc": round(tokenized_bleu(hyps, refs, lowercase=True, compounds=False).score, 2),
+        "bleu_tok_lc_method": METHOD_LOWERCASE,
+        "sentences": len(refs), "reference": args.ref, "hypotheses": os.path.basename(base + ".hyp"),
+        "checkpoint": test.get("checkpoint"), "beam": test.get("beam"), "lenpen": test.get("lenpen"),
+        "valid_loss": [[u, loss] for u, loss in curve], "train_seconds": round(train_seconds),
+        "seconds_per_epoch": round(train_seconds / len(curve), 1) if curve else None,
+    }
+    result.update(kv.split("=", 1) for kv in args.meta)
+    write_atomic(args.out, json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"{args.model} seed {args.seed}: BLEU {result['bleu']:.2f} (sacreBLEU), {result['bleu_tok_lc']:.2f} "
+          f"(tokenized, lowercased) -> {args.out}")
+
+
+def load_runs(runs_dir):
+    runs = {}
+    if not os.path.isdir(runs_dir):
+        return runs
+    for name in sorted(os.listdir(runs_dir)):
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(runs_dir, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                run = json.load(f)
+            run["_hyps"] = read_lines(os.path.join(runs_dir, run["hypotheses"]))
+        except (ValueError, KeyError) as err:
+            fail(f"{path}: not a run result ({err})")
+        runs[(run["model"], int(run["seed"]))] = run
+    return runs
+
+
+def paired_p(refs, base_hyps, sys_hyps):
+    """Paired bootstrap p-values of the difference, sacreBLEU and tokenized lowercased BLEU."""
+    out = {}
+    tok = [lambda h: h, lambda h: prepare(h, lowercase=True, compounds=False)]
+    metrics = [sacrebleu.metrics.BLEU(), sacrebleu.metrics.BLEU(tokenize="none")]
+    for key, prep, metric in zip(("bleu", "bleu_tok_lc"), tok, metrics):
+        test = PairedTest([("base", [prep(h) for h in base_hyps]), ("sys", [prep(h) for h in sys_hyps])],
+                          {"BLEU": metric}, [[prep(r) for r in refs]], test_type="bs", n_samples=SAMPLES)
+        _, scores = test()
+        out[key] = scores["BLEU"][1].p_value
+    return out
+
+
+def compare(runs, model, ref_model, seeds):
+    """Per-seed and pooled paired bootstrap of model against ref_model on the seeds both have."""
+    common = [s for s in seeds if (model, s) in runs and (ref_model, s) in runs]
+    if not common:
+        return None
+    refs = read_lines(runs[(ref_model, common[0])]["reference"])
+    per_seed = {s: paired_p(refs, runs[(ref_model, s)]["_hyps"], runs[(model, s)]["_hyps"]) for s in common}
+    pooled = paired_p(refs * len(common), sum((runs[(ref_model, s)]["_hyps"] for s in common), []),
+                      sum((runs[(model, s)]["_hyps"] for s in common), []))
+    delta = {k: statistics.mean(runs[(model, s)][k] - runs[(ref_model, s)][k] for s in common)
+             for k in ("bleu", "bleu_tok_lc")}
+    return {"seeds": common, "per_seed_p": per_seed, "pooled_p": pooled, "delta": delta}
+
+
+def mean_std(values):
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def fmt_p(p):
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def verdict(cmp, key="bleu_tok_lc", at_least=False):
+    d, p = cmp["delta"][key], cmp["pooled_p"][key]
+    if d > 0:
+        return "yes, significant" if p < ALPHA else "same direction, not significant"
+    if at_least and p >= ALPHA:
+        return "yes (not significantly worse)"
+    return "no, reversed (significant)" if p < ALPHA else "no (not significant)"
+
+
+def table(args):
+    models, seeds = args.models.split(), [int(s) for s in args.seeds.split()]
+    runs = load_runs(args.runs)
+    expected = [(m, s) for m in models for s in seeds]
+    done = [k for k in expected if k in runs]
+    baseline = args.baseline
+    signatures = sorted({run["sacrebleu_signature"] for run in runs.values()}) or ["(no run yet)"]
+    lines = []
+    if len(done) < len(expected):
+        per_model = ", ".join(f"{m} {sum((m, s) in runs for s in seeds)}/{len(seeds)}" for m in models)
+        lines += [f"**PARTIAL: {len(done)} of {len(expected)} runs done** (seeds done: {per_model}).", ""]
+    lines += [f"Multi30k {args.pair} test_2016_flickr ({args.sentences} sentences); mean ± std over seeds. "
+              f"tok-lc: {METHOD_LOWERCASE}; sacreBLEU: {', '.join(f'`{x}`' for x in signatures)}. p: sacrebleu paired bootstrap "
+              f"({SAMPLES} resamples) against {baseline}, pooled over the common seeds (per seed in brackets).", "",
+              "| model | seeds | BLEU tok-lc | sacreBLEU | Δ tok-lc vs " + baseline + " | p tok-lc | p sacreBLEU |",
+              "|---|---|---|---|---|---|---|"]
+    summary = {"models": {}, "claims": [], "expected_runs": len(expected), "done_runs": len(done),
+               "samples": SAMPLES, "alpha": ALPHA}
+    for m in models:
+        have = [s for s in seeds if (m, s) in runs]
+        tok = [runs[(m, s)]["bleu_tok_lc"] for s in have]
+        sac = [runs[(m, s)]["bleu"] for s in have]
+        entry = {"seeds": have, "bleu_tok_lc": tok, "bleu": sac}
+        cells = [m, f"{len(have)}/{len(seeds)}", mean_std(tok), mean_std(sac), "", "", ""]
+        if m != baseline and have:
+            cmp = compare(runs, m, baseline, seeds)
+            if cmp:
+                entry["vs_" + baseline] = cmp
+                per = lambda k: ", ".join(fmt_p(cmp["per_seed_p"][s][k]) for s in cmp["seeds"])  # noqa: E731
+                cells[4] = f"{cmp['delta']['bleu_tok_lc']:+.2f}"
+                cells[5] = f"{fmt_p(cmp['pooled_p']['bleu_tok_lc'])} ({per('bleu_tok_lc')})"
+                cells[6] = f"{fmt_p(cmp['pooled_p']['bleu'])} ({per('bleu')})"
+        summary["models"][m] = entry
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"The papers' claims (verdict on tok-lc BLEU, pooled paired bootstrap, significant at p < {ALPHA}):", "",
+              "| claim | seeds | Δ tok-lc | p tok-lc | Δ sacreBLEU | p sacreBLEU | reproduces here? |",
+              "|---|---|---|---|---|---|---|"]
+    for claim, m, ref in CLAIMS:
+        if m not in models or ref not in models:
+            continue
+        cmp = compare(runs, m, ref, seeds)
+        if cmp is None:
+            lines.append(f"| {claim} | 0 | | | | | not run yet |")
+            continue
+        at_least = ">=" in claim
+        v = verdict(cmp, at_least=at_least)
+        summary["claims"].append({"claim": claim, "model": m, "reference": ref, "verdict": v, **cmp})
+        lines.append(f"| {claim} | {len(cmp['seeds'])} | {cmp['delta']['bleu_tok_lc']:+.2f} | "
+                     f"{fmt_p(cmp['pooled_p']['bleu_tok_lc'])} | {cmp['delta']['bleu']:+.2f} | "
+                     f"{fmt_p(cmp['pooled_p']['bleu'])} | {v} |")
+    text = "\n".join(lines) + "\n"
+    os.makedirs(args.out, exist_ok=True)
+    write_atomic(os.path.join(args.out, "table.md"), text)
+    write_atomic(os.path.join(args.out, "summary.json"),
+                 json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    print(text, end="")
+
+
+def plot(args):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = load_runs(args.runs)
+    if not runs:
+        fail(f"no run results in {args.runs}")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = {}
+    for (model, seed), run in sorted(runs.items()):
+        curve = run.get("valid_loss") or []
+        if not curve:
+            continue
+        offset = int(run.get("update_offset", 0))  # a fine-tune continues its source run's x axis
+        color = colors.setdefault(model, f"C{len(colors)}")
+        ax.plot([u + offset for u, _ in curve], [loss for _, loss in curve], color=color, marker=".",
+                label=model if seed == min(s for m, s in runs if m == model) else None, alpha=0.8)
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation loss (label-smoothed, base 2)")
+    ax.set_title(args.title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = args.out + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, args.out)
+    print(f"plot -> {args.out}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run-result")
+    r.add_argument("--model", required=True)
+    r.add_argument("--seed", type=int, required=True)
+    r.add_argument("--test-json", required=True, help="scripts/generate.sh output")
+    r.add_argument("--ref", required=True, help="raw reference")
+    r.add_argument("--train-log", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--meta", nargs="*", default=[], help="key=value pairs stored in the JSON")
+    t = sub.add_parser("table")
+    t.add_argument("--runs", required=True)
+    t.add_argument("--models", required=True)
+    t.add_argument("--seeds", required=True)
+    t.add_argument("--baseline", default="transformer")
+    t.add_argument("--pair", default="en-de")
+    t.add_argument("--sentences", default="1000")
+    t.add_argument("--out", required=True, help="directory for table.md and summary.json")
+    u = sub.add_parser("updates")
+    u.add_argument("run_json")
+    p = sub.add_parser("plot")
+    p.add_argument("--runs", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--title", default="validation loss")
+    args = ap.parse_args()
+    {"run-result": run_result, "table": table, "plot": plot, "updates": updates}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

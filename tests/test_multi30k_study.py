@@ -1,0 +1,151 @@
+"""scripts/run_multi30k_study.sh end to end on a synthetic Multi30k-shaped slice (never skips): two models, two
+seeds, one epoch of a tiny model, the FLOATER warm start from each seed's transformer, the table with mean ± std
+and paired bootstrap p-values; a rerun retrains nothing. And the literature's tokenized lowercased BLEU against
+a hand computation from n-gram counts."""
+import json
+import math
+import re
+import sys
+from collections import Counter
+
+import pytest
+
+from conftest import REPO, run
+
+sys.path.insert(0, str(REPO / "scripts"))
+from tokenized_bleu import tokenized_bleu  # noqa: E402
+
+TINY = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 "
+        "--encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 --encoder-attention-heads 2 --decoder-attention-heads 2")
+MODELS = ("transformer", "floater_warm")
+SEEDS = (1, 2)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The toy SVO -> SOV task in Multi30k's file layout (train / val / test_2016_flickr, .en / .de)."""
+    root = tmp_path_factory.mktemp("study_corpus")
+    run([sys.executable, "scripts/make_toy_data.py", "--out", str(root / "toy"), "--train", "400", "--valid", "40",
+         "--test", "60", "--test-long", "4", "--seed", "3"])
+    for split, name in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
+        for side, lang in (("src", "en"), ("tgt", "de")):
+            (root / f"{name}.{lang}").write_bytes((root / "toy" / f"{split}.{side}").read_bytes())
+    return root
+
+
+def study(corpus, work, check=True, **overrides):
+    env = {"MULTI30K_DIR": str(corpus), "DATA_DIR": str(work / "data"), "CKPT_ROOT": str(work / "ckpt"),
+           "OUT_DIR": str(work / "results"), "MODELS": " ".join(MODELS), "SEEDS": " ".join(map(str, SEEDS)),
+           "EPOCHS": "1", "WARMUP": "10", "FT_EPOCHS": "1", "FT_WARMUP": "5", "AVG": "1", "FT_AVG": "1",
+           "VOCAB": "200", "MAX_TOKENS": "1024", "MODEL_ARGS": TINY, "JOBS": "2"}
+    env.update(overrides)
+    return run(["bash", "scripts/run_multi30k_study.sh"], check=check, env_extra=env)
+
+
+def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
+    out = study(corpus, tmp_path).stdout
+    results = tmp_path / "results"
+    n_test = len((corpus / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines())
+    for model in MODELS:
+        for seed in SEEDS:
+            res = json.loads((results / "runs" / f"{model}.seed{seed}.json").read_text())
+            assert res["model"] == model and res["seed"] == seed
+            assert res["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+            assert 0 <= res["bleu_tok_lc"] <= 100 and "lowercased" in res["bleu_tok_lc_method"]
+            assert res["checkpoint"].endswith(f"{model}.seed{seed}/average.pt") and res["beam"] == "5"
+            assert res["valid_loss"] and res["train_seconds"] >= 0
+            hyps = (results / "runs" / f"{model}.seed{seed}.hyp").read_text(encoding="utf-8").splitlines()
+            assert len(hyps) == n_test
+    warm = json.loads((results / "runs" / "floater_warm.seed2.json").read_text())
+    assert warm["arch"] == "floater_transformer_tiny" and float(warm["lr"]) == 0.0025  # half the peak lr
+    assert int(warm["update_offset"]) == json.loads((results / "runs" / "transformer.seed2.json").read_text())[
+        "valid_loss"][-1][0], "the warm start continues its own seed's transformer"
+    assert (tmp_path / "ckpt" / "floater_warm.seed2" / "warm_start.pt").is_file()
+
+    table = (results / "table.md").read_text(encoding="utf-8")
+    assert table in out and "PARTIAL" not in table
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in table.splitlines()
+            if r.startswith("| transformer") or r.startswith("| floater_warm")}
+    assert rows["transformer"][0] == rows["floater_warm"][0] == "2/2"
+    assert re.fullmatch(r"\d+\.\d\d ± \d+\.\d\d", rows["transformer"][1])
+    # pooled p, then one per seed
+    assert re.fullmatch(r"(<0\.001|[01]\.\d{3}) \((<0\.001|[01]\.\d{3}), (<0\.001|[01]\.\d{3})\)", rows["floater_warm"][4])
+    assert "FLOATER > sinusoidal, paper's protocol" in table
+    summary = json.loads((results / "summary.json").read_text())
+    cmp = summary["models"]["floater_warm"]["vs_transformer"]
+    assert cmp["seeds"] == [1, 2] and all(0 < p <= 1 for p in cmp["pooled_p"].values())
+    assert (results / "valid_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.rglob("*.tmp")), "no temporary file is left behind"
+
+    # a rerun skips every finished run: no checkpoint is touched, the table is the same
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "ckpt").rglob("*.pt")}
+    again = study(corpus, tmp_path).stdout
+    assert again.count(": skipped (done") == len(MODELS) * len(SEEDS)
+    assert "training" not in again
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "ckpt").rglob("*.pt")} == stamps
+    assert (results / "table.md").read_text(encoding="utf-8") == table
+
+    # a third seed asked for but not run: the table says it is partial (nothing trains: MODELS and SEEDS are
+    # the finished ones plus a model whose runs are absent would train, so only the table step is exercised)
+    run([sys.executable, "scripts/study_table.py", "table", "--runs", str(results / "runs"), "--models",
+         " ".join(MODELS), "--seeds", "1 2 3", "--out", str(tmp_path / "partial")])
+    assert "**PARTIAL: 4 of 6 runs done** (seeds done: transformer 2/3, floater_warm 2/3)" in (
+        tmp_path / "partial" / "table.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"JOBS": "two"}, "JOBS=two: expected a positive integer"),
+    ({"SEEDS": "1 x"}, "SEEDS=\"1 x\": expected positive integers, got 'x'"),
+    ({"MODELS": "transformer shaw"}, "MODELS=\"transformer shaw\": unknown model 'shaw' "
+                                     "(expected transformer relative floater floater_warm transformer_ft)"),
+    ({"MODELS": "floater_warm"}, "MODELS=\"floater_warm\": floater_warm starts from the transformer of the same "
+                                 "seed, so MODELS must list transformer"),
+    ({"AVG": "3"}, "AVG=3: expected at most EPOCHS=1 checkpoints to average"),
+    ({"MULTI30K_DIR": "/nonexistent"}, "MULTI30K_DIR=/nonexistent lacks train.en "
+                                       "(expected train, val, test_2016_flickr .en/.de)"),
+])
+def test_bad_input_is_one_line_before_anything_is_written(corpus, tmp_path, overrides, message):
+    proc = study(corpus, tmp_path, check=False, **overrides)
+    assert proc.returncode != 0
+    assert proc.stdout.strip().splitlines() == [f"run_multi30k_study.sh: {message}"]
+    assert not list(tmp_path.iterdir()), "nothing is written before the input is checked"
+
+
+def hand_bleu(hyps, refs):
+    """Corpus BLEU from n-gram counts (Papineni et al.): clipped n-gram precisions for n = 1..4, their
+    geometric mean, brevity penalty exp(1 - r/c) when the hypotheses are shorter."""
+    matches, totals, c, r = [0] * 4, [0] * 4, 0, 0
+    for h, ref in zip(hyps, refs):
+        h, ref = h.split(), ref.split()
+        c, r = c + len(h), r + len(ref)
+        for n in range(1, 5):
+            hn = Counter(tuple(h[i:i + n]) for i in range(len(h) - n + 1))
+            rn = Counter(tuple(ref[i:i + n]) for i in range(len(ref) - n + 1))
+            matches[n - 1] += sum(min(k, rn[g]) for g, k in hn.items())
+            totals[n - 1] += max(len(h) - n + 1, 0)
+    bp = 1.0 if c > r else math.exp(1 - r / c)
+    return 100 * bp * math.exp(sum(math.log(m / t) for m, t in zip(matches, totals)) / 4)
+
+
+def test_tokenized_lowercased_bleu_matches_a_hand_computation():
+    refs = ["A man in a blue shirt is riding a bike.", "Two dogs play in the snow, near a tree."]
+    assert tokenized_bleu(refs, refs, lowercase=True, compounds=False).score == pytest.approx(100)
+    hyps = ["a man in a blue shirt rides a bicycle.", "Two dogs are playing in the snow near a tree"]
+    # what the literature scores: 13a tokens (punctuation split off), lowercased
+    tok_refs = ["a man in a blue shirt is riding a bike .", "two dogs play in the snow , near a tree ."]
+    tok_hyps = ["a man in a blue shirt rides a bicycle .", "two dogs are playing in the snow near a tree"]
+    # by hand: 1-grams 16/20, 2-grams 10/18, 3-grams 6/16, 4-grams 3/14; c = 20 < r = 22
+    assert hand_bleu(tok_hyps, tok_refs) == pytest.approx(
+        100 * math.exp(1 - 22 / 20) * (16 / 20 * 10 / 18 * 6 / 16 * 3 / 14) ** 0.25)
+    assert tokenized_bleu(hyps, refs, lowercase=True, compounds=False).score == pytest.approx(
+        hand_bleu(tok_hyps, tok_refs), abs=1e-9)
+    # case matters without --lowercase
+    assert tokenized_bleu(hyps, refs).score < tokenized_bleu(hyps, refs, lowercase=True, compounds=False).score
+
+
+def test_tokenized_bleu_cli_lowercase(tmp_path):
+    (tmp_path / "hyp").write_text("A DOG RUNS .\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("a dog runs.\n", encoding="utf-8")
+    out = run([sys.executable, "scripts/tokenized_bleu.py", "--lowercase", "--no-compound-split",
+               str(tmp_path / "hyp"), str(tmp_path / "ref")]).stdout
+    assert out.strip() == "100.00"
