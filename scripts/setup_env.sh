@@ -6,8 +6,9 @@
 #   VENV=.venv          where the venv goes
 #   FAIRSEQ_SDIST=path  use a local copy of fairseq-0.12.2.tar.gz instead of downloading it
 #
-# torch: if PYTHON already has torch >= 2.1 (a cluster's CUDA build), the venv is created with
-# --system-site-packages and that torch is used as is; otherwise torch==2.13.0 is installed.
+# torch: if PYTHON already has torch (a cluster's CUDA build), the venv is created with
+# --system-site-packages and that torch is used as is, never replaced: one older than TORCH_FLOOR in
+# fairseq_plugins/__init__.py stops the set-up before anything is written. Without torch, torch==2.13.0 is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -18,6 +19,7 @@ CACHE=$ROOT/.cache
 SDIST_URL=https://files.pythonhosted.org/packages/30/36/db42846570f479ac859be3b48d8b47f2ae9b0b9c77487a512f2f2ecbcb6b/fairseq-0.12.2.tar.gz
 SDIST_SHA256=34f1b18426bf3844714534162f065ab733e049597476daa35fffb4d06a92b524
 PATCH=$ROOT/third_party/fairseq-0.12.2.patch
+case $VENV in /*) PY=$VENV/bin/python ;; *) PY=$ROOT/$VENV/bin/python ;; esac
 
 stamp_inputs() { cat scripts/setup_env.sh requirements.txt "$PATCH" | sha256sum | cut -c1-16; }
 STAMP=$(stamp_inputs)
@@ -28,35 +30,44 @@ fi
 "$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null ||
   { echo "setup_env.sh: PYTHON=$PYTHON must be Python 3.11" >&2; exit 1; }
 
-has_torch() {  # prints the version if torch >= 2.1 is importable
-  "$1" - <<'PY' 2>/dev/null
-import torch, re
-major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
-assert (major, minor) >= (2, 1)
-print(torch.__version__)
-PY
+# One torch floor for the set-up and for `import fairseq_plugins`.
+TORCH_FLOOR=$(sed -n 's/^TORCH_FLOOR = "\([0-9]*\.[0-9]*\)"$/\1/p' fairseq_plugins/__init__.py)
+[ -n "$TORCH_FLOOR" ] || { echo "setup_env.sh: no TORCH_FLOOR = \"X.Y\" line in fairseq_plugins/__init__.py" >&2; exit 1; }
+torch_version() {  # the torch version the interpreter $1 imports; nothing without (a working) torch
+  "$1" -c 'import torch; print(torch.__version__)' 2>/dev/null | tail -n 1 || true
+}
+version_key() { [[ $1 =~ ^([0-9]+)\.([0-9]+) ]] && echo $(( BASH_REMATCH[1] * 1000 + BASH_REMATCH[2] )); }
+check_torch() {  # $1: a torch version, $2: where it is; one below the floor is never replaced: stop
+  local have
+  have=$(version_key "$1") || have=0
+  (( have >= $(version_key "$TORCH_FLOOR") )) ||
+    { echo "setup_env.sh: $2 has torch $1, this project needs torch >= $TORCH_FLOOR (upgrade that torch, or use a PYTHON without torch to get torch==2.13.0 in the venv)" >&2; exit 1; }
 }
 
 if [ ! -x "$VENV/bin/python" ]; then
-  if has_torch "$PYTHON" >/dev/null; then
-    echo "setup: using the torch $(has_torch "$PYTHON") already installed for $PYTHON"
+  SYS_TORCH=$(torch_version "$PYTHON")
+  if [ -n "$SYS_TORCH" ]; then
+    check_torch "$SYS_TORCH" "PYTHON=$PYTHON"  # before the venv exists: a refusal leaves nothing behind
+    echo "setup: using the torch $SYS_TORCH already installed for $PYTHON"
     "$PYTHON" -m venv --system-site-packages "$VENV"
   else
     "$PYTHON" -m venv "$VENV"
   fi
 fi
-PY=$ROOT/$VENV/bin/python
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
 
-if ! has_torch "$PY" >/dev/null; then
+TORCH_VER=$(torch_version "$PY")
+if [ -z "$TORCH_VER" ]; then
   echo "setup: installing torch==2.13.0"
   "${PIP[@]}" torch==2.13.0
+  TORCH_VER=$(torch_version "$PY")
+else
+  check_torch "$TORCH_VER" "$VENV"  # e.g. a venv made earlier on a system torch since downgraded
 fi
 # --no-deps: never let a requirement pull in (and replace) torch.
 "${PIP[@]}" --no-deps -r requirements.txt
 
 # fairseq: official sdist (checksum-pinned) + our patch, built once into a cached wheel.
-TORCH_VER=$(has_torch "$PY")
 PATCH_SHA=$(sha256sum "$PATCH" | cut -c1-12)
 WHEEL_DIR=$CACHE/wheels/fairseq-0.12.2-$PATCH_SHA-torch$TORCH_VER
 mkdir -p "$CACHE" "$WHEEL_DIR"
