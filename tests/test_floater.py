@@ -1,4 +1,4 @@
-"""FLOATER (fairseq_plugins/modules/floater.py, models/floater_transformer.py): the grid solve, all flows in one
+"""FLOATER (fairseq_plugins/modules/floater*.py, models/floater_transformer.py): the grid solve, all flows in one
 solve (latent RK4 and its hand-written backward against autograd through torchdiffeq), the warm-start identity with
 fairseq's Transformer, caching and its gradients, incremental decoding, any length, flags."""
 import argparse
@@ -14,10 +14,11 @@ from fairseq.sequence_generator import SequenceGenerator
 from torchdiffeq import odeint
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
-from fairseq_plugins.modules import floater  # noqa: E402
+from fairseq_plugins.modules import floater, floater_rk4  # noqa: E402
 from fairseq_plugins.modules.floater import (  # noqa: E402
     FloaterDynamics,
     FloaterFlow,
+    FloaterSettings,
     FloaterSolverError,
     solve_flows,
     solve_on_grid,
@@ -84,14 +85,15 @@ def batch(bsz=3, src_len=7, tgt_len=6, seed=0):
 
 
 def count_solves(monkeypatch):
-    """Record every torchdiffeq call made by the FLOATER module: the number of grid points it solves for."""
+    """Record every solver call made for a model's flows: the number of grid points it solves for."""
     calls = []
+    solve = floater.solve_flows
 
-    def counting(func, y0, t, *args, **kwargs):
-        calls.append(t.numel())
-        return odeint(func, y0, t, *args, **kwargs)
+    def counting(flows, initial, num_points, *args, **kwargs):
+        calls.append(num_points)
+        return solve(flows, initial, num_points, *args, **kwargs)
 
-    monkeypatch.setattr(floater, "odeint", counting)
+    monkeypatch.setattr(floater, "solve_flows", counting)
     return calls
 
 
@@ -112,7 +114,7 @@ def test_grid_solve_equals_independent_solves(method):
     y0 = torch.randn(4, 6, dtype=torch.float64)
     dt, n = 0.1, 12
     tol = dict(rtol=1e-9, atol=1e-11)
-    grid = solve_on_grid(f, y0, n, dt, method, **tol)
+    grid = solve_on_grid(f, y0, n, FloaterSettings(dt=dt, method=method, **tol))
     assert grid.shape == (n, 4, 6)
     torch.testing.assert_close(grid[0], y0, rtol=0, atol=0)
     for i in range(1, n):
@@ -129,8 +131,8 @@ def test_grid_solve_continues_exactly_from_a_later_point():
     f = FloaterDynamics(5).double()
     torch.nn.init.xavier_normal_(f.fc2.weight)
     y0 = torch.randn(3, 5, dtype=torch.float64)
-    full = solve_on_grid(f, y0, 30, 0.1)
-    tail = solve_on_grid(f, full[11], 19, 0.1, first_index=11)
+    full = solve_on_grid(f, y0, 30)
+    tail = solve_on_grid(f, full[11], 19, first_index=11)
     torch.testing.assert_close(tail, full[11:], rtol=0, atol=1e-12)
 
 
@@ -139,7 +141,7 @@ def test_grid_solve_continues_exactly_from_a_later_point():
 def random_flows(rows=(3, 4, 2), dim=6, hidden=7, dtype=torch.float64, seed=0, **settings):
     """Flows with a non-trivial h (random W2, c2, c1) and random initial values, one per entry of rows."""
     torch.manual_seed(seed)
-    flows = [FloaterFlow(dim, hidden, **settings).to(dtype) for _ in rows]
+    flows = [FloaterFlow(dim, hidden, FloaterSettings(**settings)).to(dtype) for _ in rows]
     for flow in flows:
         torch.nn.init.normal_(flow.dynamics.fc2.weight, std=0.5 / hidden ** 0.5)
         torch.nn.init.normal_(flow.dynamics.fc2.bias, std=0.3)
@@ -166,7 +168,7 @@ def test_all_flows_in_one_solve_equal_separate_solves(method, adjoint):
     assert flows[0].latent == (method == "rk4" and not adjoint)
     n = 11
     together = values_and_gradients(solve_flows(flows, initial, n), flows, initial)
-    alone = values_and_gradients([solve_on_grid(f.dynamics, y0, n, 0.1, method, adjoint=adjoint, **tol)
+    alone = values_and_gradients([solve_on_grid(f.dynamics, y0, n, f.settings)
                                   for f, y0 in zip(flows, initial)], flows, initial)
     for a, b in zip([*together[0], *together[1]], [*alone[0], *alone[1]]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
@@ -177,7 +179,7 @@ def test_latent_rk4_in_float32_matches_torchdiffeq_on_h():
     flows, initial = random_flows(rows=(6, 8, 4), dim=64, hidden=64, dtype=torch.float32)
     ys = solve_flows(flows, initial, 60)
     for flow, y0, y in zip(flows, initial, ys):
-        reference = solve_on_grid(flow.dynamics, y0, 60, 0.1)
+        reference = solve_on_grid(flow.dynamics, y0, 60)
         assert (y - reference).abs().max() <= 2e-6 * reference.abs().max()
 
 
@@ -189,11 +191,11 @@ def test_latent_rk4_backward_passes_gradcheck():
             *(torch.randn(flows, 1, hidden) for _ in range(4))]
     args = [a.double().requires_grad_() for a in args]
     t = torch.arange(4, dtype=torch.float64) * 0.1
-    assert torch.autograd.gradcheck(lambda *a: floater._LatentRK4.apply(*a, t), args, eps=1e-6, atol=1e-7)
+    assert torch.autograd.gradcheck(lambda *a: floater_rk4._LatentRK4.apply(*a, t), args, eps=1e-6, atol=1e-7)
     # padded states (flow 1 uses 2 of its 3 rows): the used rows' q, and its gradient, as if alone
-    used = lambda *a: floater._LatentRK4.apply(*a, t, (3, 2))[1, :, :2]  # noqa: E731
+    used = lambda *a: floater_rk4._LatentRK4.apply(*a, t, (3, 2))[1, :, :2]  # noqa: E731
     assert torch.autograd.gradcheck(used, args, eps=1e-6, atol=1e-7)
-    alone = floater._LatentRK4.apply(args[0][1:, :2], *(a[1:] for a in args[1:]), t)[0]
+    alone = floater_rk4._LatentRK4.apply(args[0][1:, :2], *(a[1:] for a in args[1:]), t)[0]
     torch.testing.assert_close(used(*args), alone, rtol=0, atol=1e-12)
 
 
@@ -603,7 +605,7 @@ def test_flags_in_help_and_defaults(capsys):
     for flag in ("--floater-dt D grid spacing", "--floater-method SOLVER torchdiffeq solver",
                  "--floater-rtol R relative", "--floater-atol A absolute", "--floater-adjoint back-propagate",
                  "--floater-hidden H hidden width", "--floater-update-every N re-solve",
-                 "--floater-layers {all,input} blocks"):
+                 "--floater-no-cuda-graph on CUDA", "--floater-layers {all,input} blocks"):
         assert flag in text
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=[
         "data-bin", "--user-dir", "fairseq_plugins", "--arch", "floater_transformer_tiny"])
@@ -634,7 +636,8 @@ def test_adaptive_solver_and_adjoint_train():
 
 def test_archs_are_fairseqs_with_floater_defaults():
     floater_defaults = dict(floater_dt=0.1, floater_method="rk4", floater_rtol=1e-4, floater_atol=1e-6,
-                            floater_adjoint=False, floater_hidden=None, floater_update_every=1, floater_layers="all")
+                            floater_adjoint=False, floater_hidden=None, floater_update_every=1, floater_layers="all",
+                            floater_no_cuda_graph=False)
     for suffix in ("", "_wmt_en_de", "_vaswani_wmt_en_de_big", "_vaswani_wmt_en_fr_big", "_tiny"):
         ours, theirs = argparse.Namespace(), argparse.Namespace()
         ARCH_CONFIG_REGISTRY["floater_transformer" + suffix](ours)

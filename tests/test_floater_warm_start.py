@@ -158,7 +158,7 @@ def test_floater_options_and_arch(trained_transformer, tmp_path):
     assert margs.arch == "floater_transformer" and margs.encoder_embed_dim == 64
     assert (margs.floater_dt, margs.floater_update_every, margs.floater_layers, margs.floater_adjoint) == \
         (0.01, 100, "input", True)
-    assert model.encoder.floater_flow.update_every == 100 and len(model.encoder.floater_projections) == 3
+    assert model.encoder.floater_flow.settings.update_every == 100 and len(model.encoder.floater_projections) == 3
 
 
 def run_main(argv, capsys):

@@ -1,6 +1,7 @@
 """``floater_transformer``: fairseq's Transformer with FLOATER position biases (Liu et al., ICML 2020).
 
-The maths lives in ``fairseq_plugins/modules/floater.py``. Here: which projections each flow drives.
+The maths, the solve, its caches and the binding of the biases live in ``fairseq_plugins/modules/floater*.py``
+(``floater.py`` says which file holds what). Here: the flags, and which projections each flow drives.
 
 - Encoder: one flow; its state is every driven block's self-attention q, k, v initial bias.
 - Decoder: one flow for every driven block's self-attention q, k, v and cross-attention q (indexed by
@@ -22,10 +23,7 @@ part in the updates that reuse cached biases (legacy_ddp needs nothing).
 """
 
 import argparse
-import functools
-from contextlib import ExitStack
 
-import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -42,16 +40,14 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 
 from ._config import as_namespace
 from ..modules.floater import (
+    DEFAULT_SETTINGS,
     SOLVER_NAMES,
     FloaterFlow,
     FloaterPositions,
-    _cache_size,
-    bind_biases,
-    bind_position_biases,
-    check_flow_settings,
+    FloaterSettings,
+    bind_decoder_biases,
+    bind_encoder_biases,
     enable_position_biases,
-    rows_from_padding_mask,
-    token_rows,
 )
 
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -73,48 +69,52 @@ def _positive(kind):
 
 
 def add_floater_args(parser):
-    """The FLOATER flags (also used by scripts/transformer_to_floater.py)."""
+    """The FLOATER flags (also used by scripts/transformer_to_floater.py); defaults: FloaterSettings'."""
+    d = DEFAULT_SETTINGS
     parser.add_argument("--floater-dt", type=_positive(float), metavar="D",
-                        help="grid spacing Δ: position i is time t_i = i·Δ (default 0.1, the paper's "
+                        help=f"grid spacing Δ: position i is time t_i = i·Δ (default {d.dt}, the paper's "
                              "Appendix B; the authors' code used 0.01)")
     parser.add_argument("--floater-method", choices=SOLVER_NAMES, metavar="SOLVER",
-                        help="torchdiffeq solver (default rk4 with 5 steps per Δ, the paper's RK4 at Δ/5; "
+                        help=f"torchdiffeq solver (default {d.method} with 5 steps per Δ, the paper's RK4 at Δ/5; "
                              "fixed-grid solvers take the same Δ/5 steps, adaptive ones (dopri5, ...) use "
                              "--floater-rtol/--floater-atol). One of: " + ", ".join(SOLVER_NAMES))
     parser.add_argument("--floater-rtol", type=_positive(float), metavar="R",
-                        help="relative tolerance of adaptive solvers (default 1e-4)")
+                        help=f"relative tolerance of adaptive solvers (default {d.rtol})")
     parser.add_argument("--floater-atol", type=_positive(float), metavar="A",
-                        help="absolute tolerance of adaptive solvers (default 1e-6)")
+                        help=f"absolute tolerance of adaptive solvers (default {d.atol})")
     parser.add_argument("--floater-adjoint", action="store_true",
                         help="back-propagate through the ODE with torchdiffeq's adjoint method "
                              "(odeint_adjoint: less memory, one more solve backwards)")
     parser.add_argument("--floater-hidden", type=_positive(int), metavar="H",
                         help="hidden width of the dynamics MLP h (default: the embedding dimension d)")
     parser.add_argument("--floater-update-every", type=_positive(int), metavar="N",
-                        help="re-solve the ODE with gradient every N updates (default 1: exact gradient "
-                             "every update); in between, cached biases are reused detached: b(0) still "
+                        help=f"re-solve the ODE with gradient every N updates (default {d.update_every}: exact "
+                             "gradient every update); in between, cached biases are reused detached: b(0) still "
                              "gets its gradient, the flow θ none (the paper's §4.4 cost trick)")
+    parser.add_argument("--floater-no-cuda-graph", action="store_true",
+                        help="on CUDA, run the default solve (rk4) step by step instead of replaying it as "
+                             "captured CUDA graphs (one per bucket of lengths)")
     parser.add_argument("--floater-layers", choices=("all", "input"),
                         help="blocks whose q/k/v biases follow the flow: all (default) or input (the first "
                              "block only; the others keep ordinary constant biases)")
 
 
 def floater_defaults(args):
-    args.floater_dt = getattr(args, "floater_dt", 0.1)
-    args.floater_method = getattr(args, "floater_method", "rk4")
-    args.floater_rtol = getattr(args, "floater_rtol", 1e-4)
-    args.floater_atol = getattr(args, "floater_atol", 1e-6)
-    args.floater_adjoint = getattr(args, "floater_adjoint", False)
-    args.floater_hidden = getattr(args, "floater_hidden", None)
-    args.floater_update_every = getattr(args, "floater_update_every", 1)
-    args.floater_layers = getattr(args, "floater_layers", "all")
+    """Missing FLOATER args take FloaterSettings' defaults (and the model's own: hidden, layers)."""
+    for name, value in (("dt", DEFAULT_SETTINGS.dt), ("method", DEFAULT_SETTINGS.method),
+                        ("rtol", DEFAULT_SETTINGS.rtol), ("atol", DEFAULT_SETTINGS.atol),
+                        ("adjoint", DEFAULT_SETTINGS.adjoint), ("update_every", DEFAULT_SETTINGS.update_every),
+                        ("no_cuda_graph", not DEFAULT_SETTINGS.cuda_graph), ("hidden", None), ("layers", "all")):
+        setattr(args, "floater_" + name, getattr(args, "floater_" + name, value))
 
 
-def check_floater_args(args):
-    """One-line ValueError naming the flag, for settings given outside the command line."""
-    hidden = args.floater_hidden if args.floater_hidden is not None else 1
-    check_flow_settings(args.floater_dt, args.floater_method, args.floater_rtol, args.floater_atol,
-                        args.floater_update_every, hidden)
+def check_floater_args(args) -> FloaterSettings:
+    """The solver settings (checked by FloaterSettings) and the model's own FLOATER args: one-line ValueError
+    naming the flag, for settings given outside the command line."""
+    settings = FloaterSettings.from_args(args)
+    hidden = args.floater_hidden
+    if hidden is not None and not (isinstance(hidden, int) and hidden >= 1):
+        raise ValueError(f"--floater-hidden must be an integer >= 1, got {hidden!r}")
     if args.floater_layers not in ("all", "input"):
         raise ValueError(f"--floater-layers must be 'all' or 'input', got {args.floater_layers!r}")
     for flag, name in (("--cross-self-attention", "cross_self_attention"),
@@ -124,12 +124,11 @@ def check_floater_args(args):
             raise ValueError(f"floater_transformer does not support {flag}")
     if getattr(args, "quant_noise_pq", 0):
         raise ValueError("floater_transformer does not support --quant-noise-pq")
+    return settings
 
 
 def build_flow(cfg, dim):
-    return FloaterFlow(dim, hidden=cfg.floater_hidden or dim, dt=cfg.floater_dt, method=cfg.floater_method,
-                       rtol=cfg.floater_rtol, atol=cfg.floater_atol, adjoint=cfg.floater_adjoint,
-                       update_every=cfg.floater_update_every)
+    return FloaterFlow(dim, hidden=cfg.floater_hidden or dim, settings=FloaterSettings.from_args(cfg))
 
 
 @register_model("floater_transformer")
@@ -204,11 +203,8 @@ class FloaterTransformerEncoder(TransformerEncoderBase):
         return FloaterEncoderLayer(cfg, return_fc=self.return_fc)
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
-        src_len = src_tokens.size(1)
-        with self.floater_positions.forward_pass(src_len) as positions:
-            delta = positions.biases(self.floater_flow, src_len)
-            with bind_position_biases(self.floater_projections, delta, token_rows(src_tokens, self.padding_idx)):
-                return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        with bind_encoder_biases(self, src_tokens):
+            return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
 
 
 class FloaterTransformerDecoder(TransformerDecoderBase):
@@ -239,49 +235,9 @@ class FloaterTransformerDecoder(TransformerDecoderBase):
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                          full_context_alignment=False, alignment_layer=None, alignment_heads=None):
-        tgt_len = prev_output_tokens.size(1)
-        cross = (self.floater_cross_flow is not None and encoder_out is not None
-                 and len(encoder_out["encoder_out"]) > 0)
-        src_len = encoder_out["encoder_out"][0].size(0) if cross else 0
-        with ExitStack() as biases:
-            if incremental_state is not None:  # one decoding step: its token sits at row tgt_len − 1
-                saved = self._step_biases(incremental_state, tgt_len, src_len)
-                biases.enter_context(bind_biases(self.floater_projections, saved["biases"][tgt_len - 1]))
-                src_delta = saved.get("cross_delta")
-            else:
-                positions = biases.enter_context(self.floater_positions.forward_pass(max(tgt_len, src_len)))
-                delta = positions.biases(self.floater_flow, tgt_len)
-                rows = token_rows(prev_output_tokens, self.padding_idx)
-                biases.enter_context(bind_position_biases(self.floater_projections, delta, rows))
-                src_delta = positions.biases(self.floater_cross_flow, src_len) if cross else None
-            if cross:
-                if len(encoder_out["encoder_padding_mask"]) > 0:
-                    # lazily: incremental decoding projects the encoder states on the first step only
-                    mask = encoder_out["encoder_padding_mask"][0]
-                    src_rows = functools.lru_cache(maxsize=None)(lambda: rows_from_padding_mask(mask))
-                else:
-                    src_rows = torch.arange(src_len, device=prev_output_tokens.device).unsqueeze(1)
-                biases.enter_context(bind_position_biases(self.floater_cross_projections, src_delta, src_rows))
+        with bind_decoder_biases(self, prev_output_tokens, encoder_out, incremental_state):
             return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
                                             full_context_alignment, alignment_layer, alignment_heads)
-
-    def _step_biases(self, incremental_state, num_positions: int, src_len: int):
-        """For incremental decoding, kept in the incremental state: ``biases``, b(0) + Δb(t_i) of the target
-        flow's projections, (P, k, d) with P ≥ num_positions, and ``cross_delta``, the source flow's Δb for
-        the src_len source positions. Formed once per generation (the target table again each time a longer
-        output doubles it), so a step only picks its row. The parameters cannot change within one generation:
-        the cached keys and values of the earlier steps were computed from them too."""
-        saved = self.get_incremental_state(incremental_state, "floater")
-        if saved is None or saved["biases"].size(0) < num_positions:
-            rows = _cache_size(num_positions)
-            with self.floater_positions.forward_pass(max(rows, src_len)) as positions:  # one solve, or none
-                delta = positions.biases(self.floater_flow, rows)
-                b0 = torch.stack([proj.bias for proj in self.floater_projections])
-                saved = {"biases": (b0.to(delta.dtype) + delta).to(b0.dtype)}  # one rounding
-                if src_len:
-                    saved["cross_delta"] = positions.biases(self.floater_cross_flow, src_len)
-            self.set_incremental_state(incremental_state, "floater", saved)
-        return saved
 
 
 # architectures

@@ -1,0 +1,252 @@
+"""FLOATER's model: the dynamics h, the solver settings, and torchdiffeq's solve of h (the reference).
+
+Liu, Yu, Dhillon, Hsieh, "Learning to Encode Position for Transformer with Continuous Dynamical Model",
+ICML 2020 (arXiv 2003.09229). The flows and their caches are in ``floater.py``, the default solve (RK4 in
+latent coordinates, hand-written backward) in ``floater_rk4.py``, the position-biased attention in
+``floater_attention.py``; the fairseq model in ``fairseq_plugins/models/floater_transformer.py``.
+
+The model
+---------
+Position is a continuous trajectory ``p(t)`` driven by a learned vector field ``h`` (paper eq. 8)::
+
+    p(t) = p(s) + ∫_s^t h(τ, p(τ); θ) dτ,        position i  ↦  t_i = i·Δ
+
+``FloaterDynamics`` is ``h``: a 2-layer MLP with the scalar time appended to each layer's input::
+
+    h(τ, p; θ) = W2 [ relu(W1 [p; τ] + c1) ; τ ] + c2,     W1: (d+1 → hidden), W2: (hidden+1 → d)
+
+so one flow has (d+1)·hidden + hidden + (hidden+1)·d + d parameters: 526,336 for d = hidden = 512, the
+paper's "526.3K" (Table 6). Written with the time columns apart (w1, w2: the weights of τ)::
+
+    h(τ, p) = W2 u + w2 τ + c2,     u = relu(W1 p + w1 τ + c1)
+
+Re-parameterisation (paper eq. 12). Adding a position vector p_i^(n) to the input of block n and
+projecting gives ``q_i = W_q(x_i + p_i + b_q) = q̃_i + b_{q,i}``: the position signal is a
+*per-position bias* of the projection, and FLOATER lets the dynamics act on that bias directly::
+
+    b_q^(n)(t) = b_q^(n)(0) + ∫_0^t h(τ, b_q^(n)(τ); θ) dτ,    q_i^(n) = W_q^(n) x_i + b_q^(n)(t_i)
+
+(likewise k and v). θ is shared by every block; each block n keeps its own initial values b^(n)(0),
+which are simply the projections' ordinary bias parameters. The sinusoidal input encoding stays, so with
+h ≡ 0 every b^(n)(t) ≡ b^(n)(0) and the model *is* the sinusoidal Transformer: a trained Transformer is an
+exact starting point (``scripts/transformer_to_floater.py``).
+
+Initialisation: W1 is Xavier-normal with c1 = 0 (as in the authors' code); W2 and c2 start at zero, so
+a new flow has h ≡ 0 and a new model starts as the sinusoidal Transformer it can also be converted from.
+(The authors' code also draws W2 Xavier-normal; at d = 512 the biases then grow about 60-fold by position
+50 and 2000-fold by position 100 at Δ = 0.1, roughly like e^{0.75·t}.) W2 gets gradient from the first
+solve with gradient on, W1 from the second.
+
+Solver settings
+---------------
+``FloaterSettings`` is their one owner and holds their one default: Δ = 0.1 (the paper, Appendix B; the
+authors' code used 0.01), torchdiffeq's ``rk4`` with ``STEPS_PER_DT`` = 5 equal steps per Δ (the paper's
+RK4 at Δ/5) on a grid that contains every t_i exactly, rtol/atol for adaptive solvers, the adjoint, and
+``update_every`` (the paper's §4.4 cost trick, see ``floater.py``). It is validated when it is built, and
+every path builds one: the command line and Hydra configs (``FloaterSettings.from_args`` in the model's
+``build_model``), ``scripts/transformer_to_floater.py`` (the same), tests (directly).
+
+Precision
+---------
+Every solve runs in float32 (float64 for a float64 model) whatever the model's dtype or autocast state:
+θ and b(0) are cast to float32 differentiably (``_CastDynamics``; their gradients come back in their own
+dtype), the state, the products, the time grid and the saved stage values are float32, and autocast is off
+inside the solve and its backward, on every solver path (latent rk4, other fixed-grid, adaptive, adjoint);
+Δb is cast to each projection's dtype where it is added. Solved in half precision, Δb was off by 0.1–0.8%
+(fp16) and 1–20% (bf16), θ's gradient by 1–4% (fp16) and 19–55% (bf16), and an fp16 backward overflowed.
+The cost for a half-precision model: one cast of θ and b(0) per solve, a tape twice the half-precision
+size, and float32 instead of half-precision products in the solve.
+
+Mapping to code
+---------------
+- ``FloaterDynamics.forward(t, y)``       h(τ, p; θ), torchdiffeq style.
+- ``FloaterSettings``                     the solver settings (the flags ``--floater-dt/-method/-rtol/-atol/
+  -adjoint/-update-every/-no-cuda-graph``), validated once.
+- ``solve_on_grid``                       one dynamics' y(t_i) on the grid, one torchdiffeq call: the reference
+  the tests compare the default solve with, and the solve of adaptive methods.
+"""
+
+import dataclasses
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+from torchdiffeq import odeint, odeint_adjoint
+
+# torchdiffeq lists its solvers in a private table; 0.2.5 is pinned in requirements.txt.
+from torchdiffeq._impl.odeint import SOLVERS as _TORCHDIFFEQ_SOLVERS
+from torchdiffeq._impl.solvers import FixedGridODESolver
+
+SOLVER_NAMES: Tuple[str, ...] = tuple(m for m in _TORCHDIFFEQ_SOLVERS if m != "scipy_solver")
+FIXED_GRID_SOLVERS = frozenset(
+    m for m in SOLVER_NAMES if issubclass(_TORCHDIFFEQ_SOLVERS[m], FixedGridODESolver)
+)
+STEPS_PER_DT = 5  # fixed-grid step Δ/5 (paper, Appendix B)
+
+
+class FloaterSolverError(FloatingPointError):
+    """The ODE solve produced non-finite values or the solver gave up."""
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class FloaterSettings:
+    """The solver settings of a model's flows; the one place that defaults and checks them (see the module
+    docstring). Each field is the flag ``--floater-<field>`` (``cuda_graph``: ``--floater-no-cuda-graph``)."""
+
+    dt: float = 0.1  # grid spacing Δ: position i is time t_i = i·Δ
+    method: str = "rk4"  # torchdiffeq solver; fixed-grid ones take STEPS_PER_DT steps per Δ
+    rtol: float = 1e-4  # adaptive solvers only
+    atol: float = 1e-6
+    adjoint: bool = False  # torchdiffeq's odeint_adjoint instead of backprop through the steps
+    update_every: int = 1  # re-solve with gradient every N updates (1: the exact gradient every update)
+    cuda_graph: bool = True  # on CUDA, replay the default solve as captured CUDA graphs
+
+    def __post_init__(self):
+        if not (_number(self.dt) and 0 < self.dt < float("inf")):
+            raise ValueError(f"--floater-dt must be a finite number > 0, got {self.dt!r}")
+        if self.method not in SOLVER_NAMES:
+            raise ValueError(f"--floater-method must be one of {', '.join(SOLVER_NAMES)}; got {self.method!r}")
+        for flag, value in (("--floater-rtol", self.rtol), ("--floater-atol", self.atol)):
+            if not (_number(value) and value > 0):
+                raise ValueError(f"{flag} must be > 0, got {value!r}")
+        if not (isinstance(self.update_every, int) and not isinstance(self.update_every, bool)
+                and self.update_every >= 1):
+            raise ValueError(f"--floater-update-every must be an integer >= 1, got {self.update_every!r}")
+        for name in ("dt", "rtol", "atol"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        object.__setattr__(self, "adjoint", bool(self.adjoint))
+        object.__setattr__(self, "cuda_graph", bool(self.cuda_graph))
+
+    @classmethod
+    def from_args(cls, args) -> "FloaterSettings":
+        """From a namespace of fairseq args (``floater_dt``, ...; missing ones take the defaults)."""
+        values = {f.name: getattr(args, "floater_" + f.name) for f in dataclasses.fields(cls)
+                  if f.name != "cuda_graph" and getattr(args, "floater_" + f.name, None) is not None}
+        if getattr(args, "floater_no_cuda_graph", False):
+            values["cuda_graph"] = False
+        return cls(**values)
+
+    @property
+    def fixed_grid(self) -> bool:
+        return self.method in FIXED_GRID_SOLVERS
+
+    def flags(self) -> str:
+        """The settings as command-line flags (for error messages)."""
+        steps = f", step Δ/{STEPS_PER_DT}" if self.fixed_grid else ""
+        return (f"--floater-method {self.method} --floater-dt {self.dt}{steps} --floater-rtol {self.rtol}"
+                f" --floater-atol {self.atol}{' --floater-adjoint' if self.adjoint else ''}")
+
+
+DEFAULT_SETTINGS = FloaterSettings()
+
+
+class FloaterDynamics(nn.Module):
+    """h(τ, p; θ) = W2 [relu(W1 [p; τ] + c1); τ] + c2, applied to each row of a state (..., d)."""
+
+    def __init__(self, dim: int, hidden: Optional[int] = None):
+        super().__init__()
+        hidden = hidden or dim
+        self.fc1 = nn.Linear(dim + 1, hidden)
+        self.fc2 = nn.Linear(hidden + 1, dim)
+        nn.init.xavier_normal_(self.fc1.weight)  # as in the authors' code
+        nn.init.zeros_(self.fc1.bias)
+        self.zero_output_()  # h ≡ 0 at initialisation: see "Initialisation" in the module docstring
+
+    def forward(self, t: Tensor, p: Tensor) -> Tensor:
+        tau = t.to(p).expand(*p.shape[:-1], 1)  # the time, appended to each layer's input
+        hidden = torch.relu(self.fc1(torch.cat([p, tau], dim=-1)))
+        return self.fc2(torch.cat([hidden, tau], dim=-1))
+
+    @torch.no_grad()
+    def zero_output_(self) -> "FloaterDynamics":
+        """Make h ≡ 0 (so b(t) ≡ b(0)): the warm start from a trained Transformer."""
+        self.fc2.weight.zero_()
+        self.fc2.bias.zero_()
+        return self
+
+
+
+def _subdivide(t: Tensor, steps: int) -> Tensor:
+    """The fixed-step grid: each interval [t_j, t_j+1] split into `steps` equal steps, t_j kept exact."""
+    frac = torch.arange(steps, dtype=t.dtype, device=t.device) / steps
+    inner = t[:-1, None] + (t[1:] - t[:-1])[:, None] * frac
+    return torch.cat([inner.reshape(-1), t[-1:]])
+
+
+def _grid_times(num_points: int, dt: float, first_index: int, device) -> Tensor:
+    """t_i = i·Δ for i = first_index .. first_index + num_points − 1 (float64)."""
+    index = torch.arange(first_index, first_index + num_points, dtype=torch.float64, device=device)
+    return index * dt
+
+
+def _solver_options(method: str, steps: Optional[Tensor] = None) -> dict:
+    if method not in FIXED_GRID_SOLVERS:
+        return {}
+    if steps is not None:
+        return {"grid_constructor": lambda func, y, times: steps}
+    return {"grid_constructor": lambda func, y, times: _subdivide(times, STEPS_PER_DT)}
+
+
+def solve_on_grid(dynamics: nn.Module, y0: Tensor, num_points: int, settings: FloaterSettings = DEFAULT_SETTINGS,
+                  first_index: int = 0) -> Tensor:
+    """y(t_i) for i = first_index .. first_index + num_points − 1, t_i = i·Δ, given y(t_first_index) = y0.
+
+    One torchdiffeq call for the whole run of grid points, in the dynamics' dtype; returns (num_points,
+    *y0.shape).
+    """
+    if num_points == 1:
+        return y0.unsqueeze(0)
+    t = _grid_times(num_points, settings.dt, first_index, y0.device)
+    kwargs = dict(rtol=settings.rtol, atol=settings.atol, method=settings.method,
+                  options=_solver_options(settings.method))
+    if settings.adjoint and torch.is_grad_enabled():
+        return odeint_adjoint(dynamics, y0, t, adjoint_params=_theta(dynamics), **kwargs)
+    return odeint(dynamics, y0, t, **kwargs)
+
+
+class _StackedDynamics(nn.Module):
+    """h of F flows at once on a stacked state (F, K, d): flow f's own FloaterDynamics on slice f."""
+
+    def __init__(self, dynamics: Sequence[FloaterDynamics]):
+        super().__init__()
+        self.flows = nn.ModuleList(dynamics)
+
+    def forward(self, t: Tensor, y: Tensor) -> Tensor:
+        return torch.stack([h(t, y_f) for h, y_f in zip(self.flows, y)])
+
+    def theta(self) -> Tuple[Tensor, ...]:
+        """The tensors the adjoint differentiates: each flow's θ as the solve uses it (cast or not)."""
+        return tuple(p for h in self.flows for p in _theta(h))
+
+
+def solve_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of every solve: float64 for a float64 model, float32 for any other (half, bfloat16, float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _CastDynamics(nn.Module):
+    """h with θ cast to the solve's dtype, differentiably (θ's gradient goes back to the parameters in their own
+    dtype). The original module is held outside the module tree: its parameters are not this module's."""
+
+    def __init__(self, dynamics: FloaterDynamics, dtype: torch.dtype):
+        super().__init__()
+        self.theta = {name: p.to(dtype) for name, p in dynamics.named_parameters()}
+        self.original = (dynamics,)
+
+    def forward(self, t: Tensor, p: Tensor) -> Tensor:
+        return torch.func.functional_call(self.original[0], self.theta, (t, p))
+
+
+def _in_dtype(dynamics: nn.Module, dtype: torch.dtype) -> nn.Module:
+    if all(p.dtype == dtype for p in dynamics.parameters()):
+        return dynamics
+    return _CastDynamics(dynamics, dtype)
+
+
+def _theta(dynamics: nn.Module) -> Tuple[Tensor, ...]:
+    return tuple(dynamics.theta.values()) if isinstance(dynamics, _CastDynamics) else tuple(dynamics.parameters())
+
