@@ -12,6 +12,9 @@ shared by the embedding and every block). A sentence longer than the learned tab
 any lookup. Positions follow fairseq's numbering (padding does not shift them); incremental decoding step t
 uses position t.
 
+The blocks are fairseq's own (built by its build_encoder_layer/build_decoder_layer, so --checkpoint-activations and
+--offload-activations work as in fairseq's ``transformer``); a forward pre-hook adds p to their input.
+
 The "input block only" rows of Table 2 are fairseq's own ``transformer`` (with --encoder-learned-pos
 --decoder-learned-pos for the learned table).
 """
@@ -31,7 +34,6 @@ from fairseq.models.transformer import (
     transformer_wmt_en_de,
 )
 from fairseq.modules import LearnedPositionalEmbedding
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ._config import as_namespace
 
@@ -74,23 +76,21 @@ class TransformerEveryLayerPosModel(TransformerModel):
                            "position signal through a Python-side binding; use the model unscripted")
 
 
-class _PositionAtInput:
-    """A Transformer block that first adds ``position_signal`` (T, B|1, C) to its input, when one is bound."""
-
-    position_signal = None
-
-    def forward(self, x, *args, **kwargs):
-        if self.position_signal is not None:
-            x = x + self.position_signal
-        return super().forward(x, *args, **kwargs)
+def _add_position_signal(layer, args):
+    """Forward pre-hook of every block: adds the bound ``position_signal`` (T, B|1, C) to the block's input.
+    A pre-hook runs in the module call, outside the block's forward: with --checkpoint-activations the sum is an
+    input of the checkpointed forward, so its recomputation in backward (after the binding ended) is the same."""
+    if layer.position_signal is None:
+        return None
+    return (args[0] + layer.position_signal,) + tuple(args[1:])
 
 
-class EveryLayerPosEncoderLayer(_PositionAtInput, TransformerEncoderLayerBase):
-    pass
-
-
-class EveryLayerPosDecoderLayer(_PositionAtInput, TransformerDecoderLayerBase):
-    pass
+def _with_position_input(layer):
+    """A block as fairseq's build_encoder_layer/build_decoder_layer return it (activation checkpointing,
+    CPU offloading and FSDP wrapping included) that adds the bound position signal to its input."""
+    layer.position_signal = None
+    layer.register_forward_pre_hook(_add_position_signal)
+    return layer
 
 
 @contextmanager
@@ -118,7 +118,7 @@ def _check_table(embed_positions, tokens, padding_idx, side, flag):
 
 class EveryLayerPosEncoder(TransformerEncoderBase):
     def build_encoder_layer(self, cfg):
-        return EveryLayerPosEncoderLayer(cfg, return_fc=self.return_fc)
+        return _with_position_input(super().build_encoder_layer(cfg))
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
         _check_table(self.embed_positions, src_tokens, self.padding_idx, "source", "--max-source-positions")
@@ -129,7 +129,7 @@ class EveryLayerPosEncoder(TransformerEncoderBase):
 
 class EveryLayerPosDecoder(TransformerDecoderBase):
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return EveryLayerPosDecoderLayer(cfg, no_encoder_attn)
+        return _with_position_input(super().build_decoder_layer(cfg, no_encoder_attn))
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                          full_context_alignment=False, alignment_layer=None, alignment_heads=None):

@@ -1,0 +1,123 @@
+"""--checkpoint-activations / --offload-activations in the plugin archs: transformer_every_layer_pos and
+relative_transformer wrap every block as fairseq's `transformer` does (fairseq's checkpoint_wrapper; offloading
+implies checkpointing) and compute what the unwrapped model computes, with dropout: the same outputs bit for bit, the
+same gradients up to float64 rounding; floater_transformer refuses both flags in one line."""
+import argparse
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import utils
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.modules.checkpoint_activations import _checkpointed_forward
+
+utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+
+VOCAB = 24
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Task:
+    def __init__(self):
+        d = Dictionary()
+        for i in range(VOCAB - len(d)):
+            d.add_symbol(f"w{i}")
+        self.source_dictionary = self.target_dictionary = d
+
+
+TASK = Task()
+PAD, EOS = TASK.source_dictionary.pad(), TASK.source_dictionary.eos()
+
+
+def build(arch, **kw):
+    torch.manual_seed(0)
+    args = argparse.Namespace(arch=arch, dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, **kw)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK).double()
+
+
+def batch():
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, VOCAB, (3, 7), generator=g)
+    src[0, :3] = PAD
+    prev = torch.randint(4, VOCAB, (3, 6), generator=g)
+    prev[:, 0] = EOS
+    prev[1, -2:] = PAD
+    return src, src.ne(PAD).sum(1), prev
+
+
+def blocks(model):
+    return list(model.encoder.layers) + list(model.decoder.layers)
+
+
+def forward_backward(model):
+    model.train()
+    model.zero_grad()
+    torch.manual_seed(1)  # the same dropout masks in both models
+    src, lengths, prev = batch()
+    out = model(src, lengths, prev)[0]
+    (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)).sum().backward()
+    return out.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+CASES = [
+    ("transformer_every_layer_pos_tiny", {}),
+    ("transformer_every_layer_pos_tiny", {"learned_pos": True}),  # gradients reach the table through every block
+    ("relative_transformer_tiny", {}),
+]
+
+
+@pytest.mark.parametrize("flag", ["checkpoint_activations", "offload_activations"])
+@pytest.mark.parametrize("arch,kw", CASES)
+def test_checkpointed_blocks_compute_exactly_the_unwrapped_model(arch, kw, flag):
+    plain, wrapped = build(arch, **kw), build(arch, **kw, **{flag: True})
+    wrapped.load_state_dict(plain.state_dict())
+    assert not any(hasattr(block, "precheckpoint_forward") for block in blocks(plain))
+    for block in blocks(wrapped):  # fairseq's checkpoint_wrapper, offloading to CPU only with --offload-activations
+        assert isinstance(block.forward, functools.partial) and block.forward.func is _checkpointed_forward
+        assert block.forward.args[1] is (flag == "offload_activations")
+    out, grads = forward_backward(plain)
+    out_w, grads_w = forward_backward(wrapped)
+    assert torch.equal(out, out_w)
+    assert grads.keys() == grads_w.keys()
+    for name, grad in grads.items():
+        assert (grad is None) == (grads_w[name] is None), name
+        # The recomputing backward adds the same terms in another order (fairseq's own `transformer` too):
+        # equal up to float64 rounding. A block recomputed without its position signal is off by O(1).
+        if grad is not None:
+            torch.testing.assert_close(grads_w[name], grad, rtol=1e-9, atol=1e-12, msg=name)
+    assert grads["encoder.layers.0.fc1.weight"].abs().sum() > 0
+    if kw.get("learned_pos"):
+        assert grads["encoder.embed_positions.weight"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("flag", ["checkpoint_activations", "offload_activations"])
+def test_every_layer_pos_incremental_decoding_with_checkpointed_blocks(flag):
+    model = build("transformer_every_layer_pos_tiny", **{flag: True}).eval()
+    src, lengths, prev = batch()
+    prev[1, -2:] = 5
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        full = model.decoder(prev, enc)[0]
+        state = {}
+        steps = [model.decoder(prev[:, : t + 1], enc, incremental_state=state)[0] for t in range(prev.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint-activations", "--offload-activations"])
+def test_floater_refuses_activation_checkpointing_in_one_line(flag):
+    with pytest.raises(ValueError) as error:
+        build("floater_transformer_tiny", **{flag.lstrip("-").replace("-", "_"): True})
+    message = str(error.value)
+    assert "\n" not in message
+    # --offload-activations implies --checkpoint-activations (fairseq's arch defaults), so either may be named
+    assert message.startswith("floater_transformer does not support --") and "-activations" in message, message
