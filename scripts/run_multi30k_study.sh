@@ -32,7 +32,7 @@
 # (git archive HEAD | tar -x -C SNAP; CODE_VERSION=<commit> DATA_DIR=... CKPT_ROOT=... OUT_DIR=... absolute).
 #
 # Variables: PAIR (en-de), MODELS, SEEDS (1 2 3), EPOCHS (8), WARMUP (250 updates), LR (0.005), FT_EPOCHS (3),
-# FT_WARMUP (50), AVG (3), FT_AVG (2), VOCAB, MODEL_ARGS, MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
+# FT_WARMUP (50), AVG (3), FT_AVG (2), VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
 # MAX_TRAIN_LEN, EDGES; DATA_DIR, CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN],
 # checkpoints/multi30k_study[_lenN], results/multi30k_study[/lenN]).
 set -euo pipefail
@@ -167,9 +167,10 @@ PY
       # the paper's protocol: continue from the trained transformer at half its peak lr, then average
       epochs=$FT_EPOCHS warmup=$FT_WARMUP avg=$FT_AVG lr=$(python -c "print($LR / 2)")
       if [ $model = floater_warm ]; then
-        arch=floater_transformer_tiny
+        # the base floater arch: it takes IN's dimensions as they are (MODEL_ARGS sets every one of them)
+        arch=floater_transformer
         [ -s "$dir/warm_start.pt" ] || python scripts/transformer_to_floater.py "$source" "$dir/warm_start.pt" \
-          >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
+          --arch $arch >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
         extra=(--finetune-from-model "$dir/warm_start.pt")
       else
         arch=transformer_tiny extra=(--finetune-from-model "$source")

@@ -57,7 +57,7 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
             hyps = (results / "runs" / f"{model}.seed{seed}.hyp").read_text(encoding="utf-8").splitlines()
             assert len(hyps) == n_test
     warm = json.loads((results / "runs" / "floater_warm.seed2.json").read_text())
-    assert warm["arch"] == "floater_transformer_tiny" and float(warm["lr"]) == 0.0025  # half the peak lr
+    assert warm["arch"] == "floater_transformer" and float(warm["lr"]) == 0.0025  # half the peak lr
     assert int(warm["update_offset"]) == json.loads((results / "runs" / "transformer.seed2.json").read_text())[
         "valid_loss"][-1][0], "the warm start continues its own seed's transformer"
     assert (tmp_path / "ckpt" / "floater_warm.seed2" / "warm_start.pt").is_file()
