@@ -153,7 +153,7 @@ def random_flows(rows=(3, 4, 2), dim=6, hidden=7, dtype=torch.float64, seed=0, *
 def values_and_gradients(outputs, flows, initial, seed=1):
     """The outputs and the gradients of a fixed random linear function of them w.r.t. θ and b(0)."""
     g = torch.Generator().manual_seed(seed)
-    loss = sum((y * torch.randn(y.shape, generator=g, dtype=y.dtype)).sum() for y in outputs)
+    loss = sum((y * torch.randn(y.shape, generator=g, dtype=y.dtype).to(y.device)).sum() for y in outputs)
     inputs = [p for flow in flows for p in flow.parameters()] + list(initial)
     return [y.detach() for y in outputs], torch.autograd.grad(loss, inputs)
 
@@ -190,13 +190,30 @@ def test_latent_rk4_backward_passes_gradcheck():
     args = [torch.randn(flows, rows, hidden), torch.randn(flows, hidden, hidden) / 2,
             *(torch.randn(flows, 1, hidden) for _ in range(4))]
     args = [a.double().requires_grad_() for a in args]
-    t = torch.arange(4, dtype=torch.float64) * 0.1
-    assert torch.autograd.gradcheck(lambda *a: floater_rk4._LatentRK4.apply(*a, t), args, eps=1e-6, atol=1e-7)
-    # padded states (flow 1 uses 2 of its 3 rows): the used rows' q, and its gradient, as if alone
-    used = lambda *a: floater_rk4._LatentRK4.apply(*a, t, (3, 2))[1, :, :2]  # noqa: E731
+    plan = floater_rk4.rk4_plan(4, 0.1)
+    assert torch.autograd.gradcheck(lambda *a: floater_rk4._LatentRK4.apply(*a, plan), args, eps=1e-6, atol=1e-7)
+    # rows never mix: flow 1's first 2 rows, and their gradient, as if solved alone
+    used = lambda *a: floater_rk4._LatentRK4.apply(*a, plan)[1, :, :2]  # noqa: E731
     assert torch.autograd.gradcheck(used, args, eps=1e-6, atol=1e-7)
-    alone = floater_rk4._LatentRK4.apply(args[0][1:, :2], *(a[1:] for a in args[1:]), t)[0]
+    alone = floater_rk4._LatentRK4.apply(args[0][1:, :2], *(a[1:] for a in args[1:]), plan)[0]
     torch.testing.assert_close(used(*args), alone, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("points", [2, 7, 33])
+def test_latent_rk4_equals_torchdiffeq_on_h_with_padding_rows(points):
+    """The default solve (own RK4 loop, padded flows of 5/2/3 rows) == torchdiffeq's rk4 on h, flow by flow:
+    values and gradients to θ and b(0), float64, for several grid lengths; also continuing from a later index."""
+    flows, initial = random_flows(rows=(5, 2, 3))
+    assert flows[0].latent
+    together = values_and_gradients(solve_flows(flows, initial, points), flows, initial)
+    alone = values_and_gradients([solve_on_grid(f.dynamics, y0, points) for f, y0 in zip(flows, initial)],
+                                 flows, initial)
+    for a, b in zip([*together[0], *together[1]], [*alone[0], *alone[1]]):
+        assert (a - b).abs().max() <= 1e-6 * b.abs().max() + 1e-14
+    later = solve_flows(flows, initial, points, first_index=9)
+    reference = [solve_on_grid(f.dynamics, y0, points, first_index=9) for f, y0 in zip(flows, initial)]
+    for a, b in zip(later, reference):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_grid_solve_of_all_flows_continues_exactly_from_a_later_point():
@@ -732,3 +749,58 @@ def test_theta_may_skip_update_only_with_cached_updates():
         theta = {id(p) for flow in flows(model) for p in flow.dynamics.parameters()}
         for p in model.parameters():
             assert getattr(p, "may_skip_update", False) == (every > 1 and id(p) in theta)
+
+
+# -- the solve's operators and host synchronisations ------------------------------------------------------
+
+SYNCING = {"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "item"}  # aten ops that wait for the device
+
+
+class CountOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every non-view aten operator (one kernel launch on a GPU) and those that synchronise with the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.syncs = 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += not func.is_view
+        if func.overloadpacket.__name__ in SYNCING:
+            self.syncs.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("points", [9, 40])
+def test_default_solve_has_no_host_sync_and_few_operators(points):
+    """The default solve (forward and backward) waits on no device value (.item(), tolist, equal, bool(tensor)):
+    counted on CPU through the dispatcher, and under CUDA's sync debug mode when a GPU is present; its
+    operators per RK4 step stay under a bound (≤ 16 forward, ≤ 24 backward; measured 12 and about 15)."""
+    flows, initial = random_flows(rows=(5, 2, 3), dtype=torch.float32)
+    steps = 5 * (points - 1)
+    with CountOps() as forward:
+        ys = solve_flows(flows, initial, points)
+    loss = sum(y.sum() for y in ys)
+    with CountOps() as backward:
+        loss.backward()
+    assert forward.syncs == [] and backward.syncs == []
+    assert forward.ops <= 16 * steps + 60 and backward.ops <= 24 * steps + 60, (forward.ops, backward.ops)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_default_solve_on_cuda_has_no_host_sync(cuda_graph):
+    flows, initial = random_flows(rows=(5, 2, 3), dtype=torch.float32, cuda_graph=cuda_graph)
+    flows = [f.cuda() for f in flows]
+    initial = [y.detach().cuda().requires_grad_() for y in initial]
+    reference = values_and_gradients(solve_flows(flows, initial, 21), flows, initial)  # captures, if graphed
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ys = solve_flows(flows, initial, 21)
+        grads = torch.autograd.grad(sum(y.sum() for y in ys), [p for f in flows for p in f.parameters()])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert len(grads) == 12
+    again = values_and_gradients(solve_flows(flows, initial, 21), flows, initial)
+    for a, b in zip([*again[0], *again[1]], [*reference[0], *reference[1]]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

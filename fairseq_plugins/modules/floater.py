@@ -150,10 +150,10 @@ def _solve_flows(lead, dynamics, initial, num_points, first_index, dtype):
     rows = [y.size(0) for y in initial]
     K = max(rows)
     y0 = torch.stack([F.pad(y, (0, 0, 0, K - k)) for y, k in zip(initial, rows)])  # (F, K, d)
-    t = _grid_times(num_points, settings.dt, first_index, y0.device)
     if lead.latent:
-        y = solve_latent(dynamics, y0, t, tuple(rows), dtype).transpose(0, 1)  # (P, F, K, d)
+        y = solve_latent(dynamics, y0, settings.dt, first_index, num_points, dtype, settings.cuda_graph)
     else:
+        t = _grid_times(num_points, settings.dt, first_index, y0.device)
         stacked = _StackedDynamics([_in_dtype(h, dtype) for h in dynamics])
         kwargs = dict(rtol=settings.rtol, atol=settings.atol, method=settings.method,
                       options=_solver_options(settings.method))

@@ -1,35 +1,229 @@
 """FLOATER's default solve: torchdiffeq's rk4 steps at Δ/5 on all flows at once, in latent coordinates, with
-the exact derivative of those steps written out.
+the exact derivative of those steps written out; on CUDA replayed as captured CUDA graphs.
 
+The equations
+-------------
 With z = W1 p (hidden-sized) the dynamics h of ``floater_dynamics.py`` become::
 
     u = relu(z + w1 τ + c1),   dz/dτ = W1 h = (W1 W2) u + (W1 w2) τ + W1 c2,
     p(t_i) = p(t_0) + W2 q(t_i) + w2 (t_i² − t_0²)/2 + c2 (t_i − t_0),   q(t_i) = Σ_steps δ Σ_j b_j u_j
 
 RK4 integrates z, one (hidden × hidden) product per evaluation instead of two, and q sums the same steps'
-stage values u_j with the RK4 weights b = (1, 3, 3, 1)/8 (torchdiffeq's "rk4" is the 3/8 rule; step
-δ = Δ/5). Runge-Kutta methods commute with linear maps and integrate the linear-in-τ part exactly, so this *is*
-RK4 applied to p, step for step, in exact arithmetic; in floating point the two differ by rounding (about 1e-6
-relative in float32; the tests compare both with torchdiffeq's own solve of h). The backward pass is the exact
-derivative of those RK4 steps, the gradient autograd would take through the solver (direct backprop, not the
-continuous adjoint), written out in ``_LatentRK4.backward``: one reverse sweep over the steps with the stage
-values saved by the forward; the gradient of W1W2 is one matrix product per grid interval (its 20 stages), so
-the sweep's own buffers hold one interval's stage gradients, not all of them.
+stage values u_j with the RK4 weights b = (1, 3, 3, 1)/8. torchdiffeq's "rk4" is the 3/8 rule, which is what
+this file computes, step δ = Δ/5 (k_j = f(τ_j, ·), τ_j = t, t + δ/3, t + 2δ/3, t + δ)::
+
+    k1 = f(z),  k2 = f(z + δ k1/3),  k3 = f(z + δ(k2 − k1/3)),  k4 = f(z + δ(k1 − k2 + k3)),
+    z' = z + δ (k1 + 3 k2 + 3 k3 + k4)/8,        f(τ, z) = u(τ, z) M + e(τ),  M = (W1 W2)ᵀ, e(τ) = W1(w2 τ + c2)
+
+Runge-Kutta methods commute with linear maps and integrate the linear-in-τ part exactly, so this *is* RK4
+applied to p, step for step, in exact arithmetic; in floating point the two differ by rounding (about 1e-6
+relative in float32; the tests compare both with torchdiffeq's own solve of h).
+
+How it runs
+-----------
+- The grid, every step size δ and every stage time τ are known on the host before the solve starts
+  (``rk4_plan``: Python floats, computed exactly as torchdiffeq computes them), so the loop has no host
+  synchronisation and no 0-dim tensor arithmetic: step sizes enter the products as scalars (alpha/beta).
+- The time terms are tabulated once per solve: stage j's input is z + c(τ_j) + δ Σ_l a_jl e(τ_l) + δ (Σ_l a_jl
+  u_l) M, and z itself is carried as w = z − Σ_{earlier steps} δ Σ_j b_j e(τ_j), so that a step is: one add
+  (w plus its four stage offsets), per stage one product into the saved stage buffer and an in-place relu,
+  and two one-row combinations of stage values; 12 operators per step. All flows go through each product
+  at once (``baddbmm`` over the flows); the padding rows of the flows with fewer rows are integrated as
+  well (zero rows are as cheap as any in a batched product and cost no extra operator; rows never mix, so
+  they give no gradient to anything).
+- The backward pass is the exact derivative of those RK4 steps, the gradient autograd would take through
+  the solver (direct backprop, not the continuous adjoint), written out in ``_LatentRK4.backward``: one
+  reverse sweep over the steps with the stage values saved by the forward (about 15 operators per step).
+  With λ = ∂L/∂z' and the adjoint l of the step's q increment::
+
+      ∂k4 = δ/8 λ,                 ∂a_j = relu'(a_j) ⊙ (∂k_j Mᵀ + δ b_j l)     (a_j: stage j's pre-activation)
+      ∂k3 = 3δ/8 λ + δ ∂a4,        ∂k2 = ∂k3 + δ(∂a3 − 2 ∂a4),      ∂k1 = ∂k4 + δ(∂a4 − ∂a3/3 + ∂a2/3),
+      ∂z = λ + Σ_j ∂a_j,           ∂M += Σ_j u_jᵀ ∂k_j,   ∂c(τ_j) = ∂a_j,   ∂e(τ_j) = ∂k_j
+
+  The parameter sums are one product per grid interval (its 20 stages), so the sweep's own buffers hold one
+  interval's stage gradients, not all of them.
+- CUDA (``FloaterSettings.cuda_graph``, on unless ``--floater-no-cuda-graph``): a solve with gradient is
+  captured once per bucket of lengths (16, 24, 32, 48, 64, 96, ...: each a power of two or 1.5 times one) with
+  ``torch.cuda.make_graphed_callables`` (forward and backward, each one graph) and replayed; a length solves
+  its bucket's grid and keeps its first rows (a fixed grid from 0: the same values). Each captured bucket keeps
+  its own memory pool (its stage tape) for the rest of the run. CPU, and solves without gradient, run the loop.
 
 Used for ``rk4`` without ``--floater-adjoint`` when hidden ≤ 2d (``FloaterFlow.latent``).
 """
 
-from typing import List, Optional, Sequence, Tuple
+import functools
+from typing import Dict, List, Sequence, Tuple
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.autograd.function import once_differentiable
-from torchdiffeq import odeint
 
-from .floater_dynamics import STEPS_PER_DT, FloaterDynamics, _solver_options, _subdivide
+from .floater_dynamics import STEPS_PER_DT, FloaterDynamics
 
-# torchdiffeq's "rk4" is the 3/8 rule (rk4_alt_step_func): stage times t + c_j·δ, inputs y + δ·Σ_l a_jl k_l.
+# torchdiffeq's "rk4" is the 3/8 rule (rk4_alt_step_func).
 RK4_WEIGHTS = (1 / 8, 3 / 8, 3 / 8, 1 / 8)
+STAGES = 4 * STEPS_PER_DT  # stage evaluations per grid interval
+
+
+class RK4Plan:
+    """The grid of one solve, on the host: t_i = i·Δ for i = first .. first + points − 1, each interval split into
+    STEPS_PER_DT steps exactly as torchdiffeq's grid constructor does (float64), the step sizes δ_s and the
+    stage times. Device tables derived from it are cached per (device, dtype)."""
+
+    def __init__(self, points: int, dt: float, first: int):
+        self.points, self.dt, self.first = points, dt, first
+        t = [(first + i) * dt for i in range(points)]  # float64, as torch.arange(..., float64) * dt
+        frac = [j / STEPS_PER_DT for j in range(STEPS_PER_DT)]
+        grid = [a + (b - a) * f for a, b in zip(t[:-1], t[1:]) for f in frac] + t[-1:]
+        self.times = t
+        self.steps = [b - a for a, b in zip(grid[:-1], grid[1:])]  # δ_s = t1 − t0, as torchdiffeq
+        self.stage_times = [x for a, b in zip(grid[:-1], grid[1:])
+                            for x in (a, a + (b - a) * (1 / 3), a + (b - a) * (2 / 3), b)]
+        self._tables: Dict[tuple, dict] = {}
+
+    def tables(self, device, dtype) -> dict:
+        """Constant tensors of the solve, copied to the device once per grid length, device and dtype (the only
+        host-to-device copies of the solve; a captured solve builds them in its warm-up), never per solve."""
+        key = (str(device), dtype)
+        if key not in self._tables:
+            f64 = dict(dtype=torch.float64)
+            steps = torch.tensor(self.steps, **f64)
+            tau = torch.tensor(self.stage_times, **f64).view(-1, 4)  # (S, 4)
+            t = torch.tensor(self.times, **f64)
+            a = torch.tensor([[0, 0, 0, 0], [1 / 3, 0, 0, 0], [-1 / 3, 1, 0, 0], [1, -1, 1, 0]], **f64)
+            b = torch.tensor(RK4_WEIGHTS, **f64)
+            q_weights = (steps[:, None] * b).view(self.points - 1, 1, STAGES)  # per interval: δ_s b_j
+            as_ = dict(device=device, dtype=dtype)
+            self._tables[key] = dict(
+                tau=tau.to(**as_),
+                stage_mix=(steps[:, None, None] * a).to(**as_),  # (S, 4, 4): δ_s a_jl
+                update_mix=(steps[:, None] * b).to(**as_),  # (S, 4): δ_s b_j
+                q_weights=q_weights.to(**as_),
+                linear=(t - t[0]).to(**as_)[:, None, None],  # ∫ c2 dτ from t_0
+                square=((t * t - t[0] * t[0]) / 2).to(**as_)[:, None, None],  # ∫ w2 τ dτ from t_0
+                comb3=torch.tensor([[1.0, -1.0, 1.0]], **f64).to(**as_),  # k1 − k2 + k3
+                comb4=torch.tensor([[1.0, 3.0, 3.0, 1.0]], **f64).to(**as_),  # k1 + 3 k2 + 3 k3 + k4
+                gk1=torch.tensor([[1 / 3, -1 / 3, 1.0]], **f64).to(**as_),  # ∂a2, ∂a3, ∂a4 in ∂k1
+                gk2=torch.tensor([[1.0, -2.0]], **f64).to(**as_),  # ∂a3, ∂a4 in ∂k2
+                ones4=torch.ones(1, 4, **f64).to(**as_),
+            )
+        return self._tables[key]
+
+
+@functools.lru_cache(maxsize=64)
+def rk4_plan(points: int, dt: float, first: int = 0) -> RK4Plan:
+    return RK4Plan(points, dt, first)
+
+
+def _time_terms(plan: RK4Plan, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor) -> Tensor:
+    """(F, S, 4, 1, H): the part of each stage's input that depends on time alone, with w's offset (the
+    module docstring, "How it runs"): c(τ_j) + δ Σ_l a_jl e(τ_l) + Σ_{earlier steps} δ Σ_j b_j e(τ_j)."""
+    tab = plan.tables(c1.device, c1.dtype)
+    tau = tab["tau"]  # (S, 4)
+    flows, hidden = c1.size(0), c1.size(-1)
+    c = torch.addcmul(c1.view(flows, 1, 1, hidden), w1.view(flows, 1, 1, hidden), tau[..., None])  # (F, S, 4, H)
+    e = torch.addcmul(ec.view(flows, 1, 1, hidden), et.view(flows, 1, 1, hidden), tau[..., None])
+    stage = c + torch.matmul(tab["stage_mix"], e)  # (S, 4, 4) @ (F, S, 4, H)
+    update = torch.matmul(tab["update_mix"].unsqueeze(1), e).squeeze(2)  # (F, S, H): δ Σ_j b_j e(τ_j)
+    earlier = torch.cumsum(update, 1) - update  # exclusive: the steps before s
+    return (stage + earlier.unsqueeze(2)).unsqueeze(3)
+
+
+class _LatentRK4(torch.autograd.Function):
+    """q(t_i) (F, P, K, hidden) of RK4 (3/8 rule) on the latent system of F stacked flows; backward = the exact
+    derivative of those steps (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, z0: Tensor, Mt: Tensor, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor, plan: RK4Plan):
+        flows, rows, hidden = z0.shape
+        S = len(plan.steps)
+        tab = plan.tables(z0.device, z0.dtype)
+        offsets = _time_terms(plan, c1, w1, ec, et)  # (F, S, 4, 1, H)
+        tape = z0.new_empty(flows, 4 * S, rows, hidden)  # the stage values u, saved for the backward
+        w = z0.clone()
+        Zs = z0.new_empty(flows, 4, rows, hidden)  # one step's four stage inputs before their products
+        comb = z0.new_empty(flows, rows, hidden)
+        comb_flat = comb.view(flows, 1, rows * hidden)
+        comb3 = tab["comb3"].expand(flows, 1, 3)
+        comb4 = tab["comb4"].expand(flows, 1, 4)
+        for s, delta in enumerate(plan.steps):
+            n = 4 * s
+            u = tape[:, n: n + 4]
+            torch.add(w.unsqueeze(1), offsets[:, s], out=Zs)
+            torch.clamp_min(Zs[:, 0], 0, out=u[:, 0])
+            torch.baddbmm(Zs[:, 1], u[:, 0], Mt, alpha=delta / 3, out=u[:, 1]).relu_()
+            torch.add(u[:, 1], u[:, 0], alpha=-1 / 3, out=comb)
+            torch.baddbmm(Zs[:, 2], comb, Mt, alpha=delta, out=u[:, 2]).relu_()
+            torch.bmm(comb3, u[:, :3].reshape(flows, 3, rows * hidden), out=comb_flat)
+            torch.baddbmm(Zs[:, 3], comb, Mt, alpha=delta, out=u[:, 3]).relu_()
+            torch.bmm(comb4, u.reshape(flows, 4, rows * hidden), out=comb_flat)
+            w.baddbmm_(comb, Mt, alpha=delta / 8)
+        # q(t_i) = Σ over the steps before t_i of δ Σ_j b_j u_j: weights per stage, summed per interval
+        increments = torch.matmul(tab["q_weights"], tape.view(flows, plan.points - 1, STAGES, rows * hidden))
+        q = torch.cat([z0.new_zeros(flows, 1, rows * hidden), increments.squeeze(2).cumsum(1)], 1)
+        ctx.save_for_backward(tape, Mt)
+        ctx.plan = plan
+        return q.view(flows, plan.points, rows, hidden)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, q_grad: Tensor):
+        with torch.autocast(q_grad.device.type, enabled=False):  # the sweep in the solve's dtype, like the forward
+            return _LatentRK4._backward(ctx, q_grad.contiguous())
+
+    @staticmethod
+    def _backward(ctx, q_grad: Tensor):
+        tape, Mt = ctx.saved_tensors
+        plan: RK4Plan = ctx.plan
+        flows, evaluations, rows, hidden = tape.shape
+        tab = plan.tables(tape.device, tape.dtype)
+        size = rows * hidden
+        # the adjoint of the q increment of interval i: Σ_{i' > i} ∂L/∂q(t_i')
+        q_adjoint = q_grad[:, 1:].flip(1).cumsum(1).flip(1)  # (F, P − 1, K, H)
+        MtT = Mt.transpose(1, 2)
+        gk = tape.new_empty(flows, STAGES, rows, hidden)  # ∂L/∂k_j of one interval's stages
+        ga = torch.empty_like(gk)  # ∂L/∂a_j, a_j: stage j's pre-activation
+        product = tape.new_empty(flows, rows, hidden)
+        z_adjoint = tape.new_zeros(flows, rows, hidden)  # λ = ∂L/∂z after the step being reversed
+        z_flat = z_adjoint.view(flows, 1, size)
+        Mt_grad = torch.zeros_like(Mt)
+        a_sums = tape.new_zeros(flows, 2, hidden)  # Σ ∂a_j and Σ τ_j ∂a_j over every stage and row
+        k_sums = tape.new_zeros(flows, 2, hidden)  # the same of ∂k_j
+        gk1_mix = tab["gk1"].expand(flows, 1, 3)
+        gk2_mix = tab["gk2"].expand(flows, 1, 2)
+        ones4 = tab["ones4"].expand(flows, 1, 4)
+        # per interval: [1; τ_j] for each of its stages, repeated over the rows
+        tau_rows = torch.stack([torch.ones_like(tab["tau"]), tab["tau"]], 1)  # (S, 2, 4)
+        tau_rows = tau_rows.view(plan.points - 1, STEPS_PER_DT, 2, 4).permute(0, 2, 1, 3).reshape(
+            plan.points - 1, 1, 2, STAGES, 1).expand(-1, flows, -1, -1, rows).reshape(
+            plan.points - 1, flows, 2, STAGES * rows)
+        b1, b2, b3, b4 = RK4_WEIGHTS
+        relu_grad = torch.ops.aten.threshold_backward.grad_input
+        for interval in reversed(range(plan.points - 1)):
+            lq, first = q_adjoint[:, interval], interval * STAGES
+            for s in reversed(range(interval * STEPS_PER_DT, (interval + 1) * STEPS_PER_DT)):
+                delta, n, m = plan.steps[s], 4 * s, 4 * s - first  # n: stage in the tape, m: in the buffers
+                k1, k2, k3, k4 = (gk[:, m + j] for j in range(4))
+                a1, a2, a3, a4 = (ga[:, m + j] for j in range(4))
+                torch.mul(z_adjoint, delta * b4, out=k4)
+                relu_grad(torch.baddbmm(lq, k4, MtT, beta=delta * b4, out=product), tape[:, n + 3], 0, grad_input=a4)
+                torch.add(z_adjoint, a4, alpha=1 / b3, out=k3).mul_(delta * b3)
+                relu_grad(torch.baddbmm(lq, k3, MtT, beta=delta * b3, out=product), tape[:, n + 2], 0, grad_input=a3)
+                torch.baddbmm(k3.view(flows, 1, size), gk2_mix, ga[:, m + 2: m + 4].reshape(flows, 2, size),
+                              alpha=delta, out=k2.view(flows, 1, size))
+                relu_grad(torch.baddbmm(lq, k2, MtT, beta=delta * b2, out=product), tape[:, n + 1], 0, grad_input=a2)
+                torch.baddbmm(k4.view(flows, 1, size), gk1_mix, ga[:, m + 1: m + 4].reshape(flows, 3, size),
+                              alpha=delta, out=k1.view(flows, 1, size))
+                relu_grad(torch.baddbmm(lq, k1, MtT, beta=delta * b1, out=product), tape[:, n], 0, grad_input=a1)
+                z_flat.baddbmm_(ones4, ga[:, m: m + 4].reshape(flows, 4, size))
+            # parameters: sums over the interval's stages (k_j = u_j M + e(τ_j), a_j = z_j + c(τ_j) + ...)
+            stages = tape[:, first: first + STAGES].reshape(flows, STAGES * rows, hidden)
+            Mt_grad.baddbmm_(stages.transpose(1, 2), gk.view(flows, STAGES * rows, hidden))
+            a_sums.baddbmm_(tau_rows[interval], ga.view(flows, STAGES * rows, hidden))
+            k_sums.baddbmm_(tau_rows[interval], gk.view(flows, STAGES * rows, hidden))
+        c1_grad, w1_grad = a_sums.split(1, dim=1)
+        ec_grad, et_grad = k_sums.split(1, dim=1)
+        return z_adjoint, Mt_grad, c1_grad, w1_grad, ec_grad, et_grad, None
 
 
 def _split_weights(dynamics: Sequence[FloaterDynamics]):
@@ -45,161 +239,50 @@ def _split_weights(dynamics: Sequence[FloaterDynamics]):
     return W1, w1, c1, W2, w2, c2
 
 
-def _rk4_stage_times(grid: Tensor) -> Tensor:
-    """The times at which torchdiffeq's rk4 evaluates the dynamics, in order: per step t0, t0 + δ/3,
-    t0 + 2δ/3, t1 (δ = t1 − t0), with torchdiffeq's own float64 arithmetic (rk4_alt_step_func)."""
-    t0, t1 = grid[:-1], grid[1:]
-    step = t1 - t0
-    return torch.stack([t0, t0 + step * (1 / 3), t0 + step * (2 / 3), t1], dim=1).reshape(-1)
+def graph_bucket(points: int) -> int:
+    """The grid length a captured solve of `points` positions uses: the next of 16, 24, 32, 48, 64, 96, ..."""
+    size = 16
+    while size < points:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
 
 
-class _LatentDynamics(nn.Module):
-    """dz/dτ = W1 h in latent coordinates z = W1 p (F flows stacked), torchdiffeq style.
-
-    The n-th evaluation (stage time τ_n, known in advance) writes u = relu(z + w1 τ_n + c1) into ``tape[:, n]``,
-    the stage values the backward pass and q need, and returns u (W1 W2)ᵀ + (w2 τ_n + c2) W1ᵀ. ``c[:, n]`` and
-    ``e[:, n]`` hold the time terms w1 τ_n + c1 and (w2 τ_n + c2) W1ᵀ; the times torchdiffeq passes are kept
-    to check that they are the τ_n.
-    """
-
-    def __init__(self, Mt: Tensor, c: Tensor, e: Tensor, tape: Tensor, used_rows: Optional[Tuple[int, ...]]):
-        super().__init__()
-        self.Mt, self.c, self.e, self.used_rows = Mt, c, e, used_rows
-        self.tape = tape  # (F, evaluations, K, hidden)
-        self.times: List[Tensor] = []
-
-    def forward(self, t: Tensor, z: Tensor) -> Tensor:
-        n = len(self.times)
-        if n >= self.tape.size(1):
-            raise RuntimeError("torchdiffeq's rk4 evaluated the dynamics more often than 4 times per step")
-        self.times.append(t)
-        u = torch.add(z, self.c[:, n], out=self.tape[:, n]).relu_()
-        return _flow_products(self.e[:, n], u, self.Mt, self.used_rows)
+_GRAPHS: Dict[tuple, object] = {}
 
 
-def _flow_products(bias: Tensor, x: Tensor, weight: Tensor, used_rows: Optional[Tuple[int, ...]],
-                   beta: float = 1.0):
-    """beta·bias + x @ weight for each flow f (batched over F) on its first used_rows[f] rows (None: all rows);
-    the padding rows below are zero (the flows' states are padded to one height K: the products skip the
-    padding, 25% of the rows for a model's three flows). bias: (F, 1 | K, n), x: (F, K, m), weight: (F, m, n)."""
-    if used_rows is None:
-        return torch.baddbmm(bias, x, weight, beta=beta)
-    out = x.new_zeros(x.size(0), x.size(1), weight.size(-1))
-    for f, r in enumerate(used_rows):
-        torch.addmm(bias[f, :r], x[f, :r], weight[f], beta=beta, out=out[f, :r])
-    return out
+def _graphed_kernel(plan: RK4Plan, args: Tuple[Tensor, ...]):
+    """The kernel for this plan captured as CUDA graphs (forward and backward), built on first use."""
+    key = (plan.points, plan.dt, plan.first, args[0].device,
+           tuple((a.shape, a.dtype, a.requires_grad) for a in args))
+    graphed = _GRAPHS.get(key)
+    if graphed is None:
+        samples = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
+        # make_graphed_callables warms up on a side stream, then captures one graph for the forward and one
+        # for the backward, each with static input and output buffers that every call copies in and out of.
+        graphed = _GRAPHS[key] = torch.cuda.make_graphed_callables(
+            lambda *a: _LatentRK4.apply(*a, plan), samples, allow_unused_input=True)
+    return graphed
 
 
-class _LatentRK4(torch.autograd.Function):
-    """q(t_i) (F, P, K, hidden) of torchdiffeq's rk4 on the latent system; backward = the exact derivative of
-    those steps (see the module docstring, "The solve")."""
-
-    @staticmethod
-    def forward(ctx, z0: Tensor, Mt: Tensor, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor, t: Tensor,
-                used_rows: Optional[Tuple[int, ...]] = None):
-        flows, rows, hidden = z0.shape
-        # rows of flow f from used_rows[f] on are padding: they are not integrated (their q is unspecified);
-        # None when no flow has padding (checked once here, not at every evaluation)
-        if used_rows is not None and all(r == rows for r in used_rows):
-            used_rows = None
-        points = t.numel()
-        grid = _subdivide(t, STEPS_PER_DT)
-        step_sizes = torch.diff(grid.cpu()).tolist()  # δ of each step, as torchdiffeq computes it (t1 − t0)
-        evaluations = 4 * len(step_sizes)
-        times = _rk4_stage_times(grid).to(z0.dtype)  # as torchdiffeq hands them to the dynamics
-        tau = times.view(1, evaluations, 1, 1)
-        c = torch.addcmul(c1.unsqueeze(1), w1.unsqueeze(1), tau)  # (F, evaluations, 1, hidden)
-        e = torch.addcmul(ec.unsqueeze(1), et.unsqueeze(1), tau)
-        tape = z0.new_empty(flows, evaluations, rows, hidden)
-        dynamics = _LatentDynamics(Mt, c, e, tape, used_rows)
-        odeint(dynamics, z0, t, method="rk4", options=_solver_options("rk4", grid))
-        if len(dynamics.times) != evaluations or not torch.equal(torch.stack(dynamics.times), times):
-            raise RuntimeError("torchdiffeq's rk4 did not evaluate the dynamics at the expected stage times "
-                               "(4 per step: t0, t0 + δ/3, t0 + 2δ/3, t1)")
-        # q(t_i) = Σ over the steps before t_i of δ Σ_j b_j u_j: weights per evaluation, summed per interval.
-        weights = torch.tensor(step_sizes, dtype=z0.dtype)[:, None] * torch.tensor(RK4_WEIGHTS, dtype=z0.dtype)
-        per_interval = 4 * STEPS_PER_DT
-        weights = weights.reshape(1, points - 1, 1, per_interval).to(z0.device)
-        increments = torch.matmul(weights, tape.view(flows, points - 1, per_interval, rows * hidden))
-        q = torch.cat([z0.new_zeros(flows, 1, rows * hidden), increments.squeeze(2).cumsum(1)], dim=1)
-        ctx.save_for_backward(tape, Mt, times)
-        ctx.step_sizes, ctx.used_rows = step_sizes, used_rows
-        return q.view(flows, points, rows, hidden)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, q_grad: Tensor):
-        with torch.autocast(q_grad.device.type, enabled=False):  # the sweep in the solve's dtype, like the forward
-            return _LatentRK4._backward(ctx, q_grad)
-
-    @staticmethod
-    def _backward(ctx, q_grad: Tensor):
-        tape, Mt, times = ctx.saved_tensors
-        step_sizes, used_rows = ctx.step_sizes, ctx.used_rows
-        flows, evaluations, rows, hidden = tape.shape
-        # The adjoint of q after step s: the gradient of every later grid point (q(t_i) sums all steps before t_i).
-        q_adjoint = q_grad[:, 1:].flip(1).cumsum(1).flip(1)  # [:, i]: Σ_{i' > i} ∂L/∂q(t_i'), steps of interval i
-        for f, r in enumerate(used_rows or ()):  # the padding rows are not part of the solve: no gradient there
-            q_adjoint[f, :, r:] = 0
-        Mt_t = Mt.transpose(1, 2)
-        # One interval of the grid (STEPS_PER_DT steps, 4 stages each) at a time: its stages' gradients live
-        # in two small buffers and go into the parameters' gradients before the next interval is reversed,
-        # so the backward needs no arrays as large as the tape.
-        per_interval = 4 * STEPS_PER_DT
-        k_grad = tape.new_empty(flows, per_interval, rows, hidden)  # ∂L/∂k_j: the z-part of each stage derivative
-        a_grad = torch.empty_like(k_grad)  # ∂L/∂(z + w1 τ + c1) of each stage
-        a_rows = tape.new_empty(flows, evaluations, hidden)  # both summed over the rows, for every stage
-        k_rows = torch.empty_like(a_rows)
-        Mt_grad = torch.zeros_like(Mt)
-        z_adjoint = q_grad.new_zeros(flows, rows, hidden)  # ∂L/∂z after the step being reversed
-        b1, b2, b3, b4 = RK4_WEIGHTS
-        relu_grad = torch.ops.aten.threshold_backward.grad_input
-        for interval in reversed(range(len(step_sizes) // STEPS_PER_DT)):
-            lq, first = q_adjoint[:, interval], interval * per_interval
-            for s in reversed(range(interval * STEPS_PER_DT, (interval + 1) * STEPS_PER_DT)):
-                delta, n, m = step_sizes[s], 4 * s, 4 * s - first  # n: stage in the tape, m: in the buffers
-                k1, k2, k3, k4 = (k_grad[:, m + j] for j in range(4))
-                a1, a2, a3, a4 = (a_grad[:, m + j] for j in range(4))
-                # torchdiffeq's rk4 (3/8 rule): k1 = f(z), k2 = f(z + δ k1/3), k3 = f(z + δ(k2 − k1/3)),
-                # k4 = f(z + δ(k1 − k2 + k3)), z' = z + δ(k1 + 3 k2 + 3 k3 + k4)/8; reversed stage by stage.
-                torch.mul(z_adjoint, delta * b4, out=k4)
-                relu_grad(_flow_products(lq, k4, Mt_t, used_rows, delta * b4), tape[:, n + 3], 0, grad_input=a4)
-                torch.add(z_adjoint, a4, alpha=1 / b3, out=k3).mul_(delta * b3)
-                relu_grad(_flow_products(lq, k3, Mt_t, used_rows, delta * b3), tape[:, n + 2], 0, grad_input=a3)
-                torch.add(k3, a4, alpha=-2 * delta, out=k2).add_(a3, alpha=delta)
-                relu_grad(_flow_products(lq, k2, Mt_t, used_rows, delta * b2), tape[:, n + 1], 0, grad_input=a2)
-                torch.add(k4, a4, alpha=delta, out=k1).add_(a3, alpha=-delta / 3).add_(a2, alpha=delta / 3)
-                relu_grad(_flow_products(lq, k1, Mt_t, used_rows, delta * b1), tape[:, n], 0, grad_input=a1)
-                z_adjoint.add_(a_grad[:, m: m + 4].sum(1))
-            # Parameters: sums over every stage (k_j = u_j Mt + ec + et τ_j, u_j = relu(z + w1 τ_j + c1)).
-            stages = tape[:, first: first + per_interval]
-            if used_rows is None:
-                Mt_grad.baddbmm_(stages.reshape(flows, -1, hidden).transpose(1, 2), k_grad.view(flows, -1, hidden))
-            else:  # the used rows only
-                for f, r in enumerate(used_rows):
-                    Mt_grad[f].addmm_(stages[f, :, :r].reshape(-1, hidden).t(), k_grad[f, :, :r].reshape(-1, hidden))
-            a_rows[:, first: first + per_interval] = a_grad.sum(2)
-            k_rows[:, first: first + per_interval] = k_grad.sum(2)
-        c1_grad, ec_grad = a_rows.sum(1, keepdim=True), k_rows.sum(1, keepdim=True)
-        w1_grad = torch.matmul(times.to(a_rows), a_rows).unsqueeze(1)
-        et_grad = torch.matmul(times.to(k_rows), k_rows).unsqueeze(1)
-        return z_adjoint, Mt_grad, c1_grad, w1_grad, ec_grad, et_grad, None, None
-
-
-def solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, t: Tensor,
-                  used_rows: Optional[Tuple[int, ...]] = None, dtype: Optional[torch.dtype] = None) -> Tensor:
-    """RK4 on the stacked flows in latent coordinates; y0 (F, K, d) → y(t_i) (F, P, K, d) (rows of flow f from
-    used_rows[f] on are padding: unspecified)."""
-    W1, w1, c1, W2, w2, c2 = (w.to(dtype or y0.dtype) for w in _split_weights(dynamics))
+def solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, dt: float, first_index: int, num_points: int,
+                 dtype: torch.dtype, cuda_graph: bool = False) -> Tensor:
+    """RK4 on the stacked flows in latent coordinates; y0 (F, K, d) → y(t_i) (P, F, K, d) (a view), in `dtype`."""
+    W1, w1, c1, W2, w2, c2 = (w.to(dtype) for w in _split_weights(dynamics))
     W1t, W2t = W1.transpose(1, 2), W2.transpose(1, 2)  # (F, d, hidden), (F, hidden, d)
     Mt = torch.bmm(W2t, W1t)  # (W1 W2)ᵀ: (F, hidden, hidden)
     z0 = torch.bmm(y0, W1t)  # z = W1 p
     ec, et = torch.bmm(c2, W1t), torch.bmm(w2, W1t)  # W1 c2, W1 w2 (as rows)
-    q = _LatentRK4.apply(z0, Mt, c1, w1, ec, et, t, used_rows)  # (F, P, K, hidden)
+    args = (z0, Mt, c1, w1, ec, et)
+    if (cuda_graph and y0.is_cuda and first_index == 0 and torch.is_grad_enabled()
+            and any(a.requires_grad for a in args)):
+        plan = rk4_plan(graph_bucket(num_points), dt, first_index)
+        # the static output is overwritten by the next replay: keep a copy
+        q = _graphed_kernel(plan, args)(*args)[:, :num_points].clone()
+        plan = rk4_plan(num_points, dt, first_index)
+    else:
+        plan = rk4_plan(num_points, dt, first_index)
+        q = _LatentRK4.apply(*args, plan)  # (F, P, K, hidden)
     flows, points, rows, hidden = q.shape
+    tab = plan.tables(y0.device, dtype)
     p = y0.unsqueeze(1) + torch.bmm(q.view(flows, points * rows, hidden), W2t).view(flows, points, rows, -1)
-    t0 = t[0]
-    linear = (t - t0).to(y0)[:, None, None]  # ∫ c2 dτ from t_0
-    square = ((t * t - t0 * t0) / 2).to(y0)[:, None, None]  # ∫ w2 τ dτ from t_0
-    return p + w2.unsqueeze(1) * square + c2.unsqueeze(1) * linear
-
+    return (p + w2.unsqueeze(1) * tab["square"] + c2.unsqueeze(1) * tab["linear"]).transpose(0, 1)
