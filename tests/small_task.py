@@ -68,14 +68,20 @@ def load(path):
     return checkpoint_utils.load_checkpoint_to_cpu(str(path))
 
 
-def assert_same_model(a, b):
-    """Two checkpoints hold bit-identical model parameters and buffers, and the same update count."""
+def assert_same_model(a, b, rtol=0.0):
+    """Two checkpoints hold bit-identical model parameters and buffers (rtol > 0: each tensor within rtol,
+    relative to its norm), and the same update count."""
     sa, sb = load(a), load(b)
     assert sa["model"].keys() == sb["model"].keys()
+
+    def same(x, y):
+        if not rtol or not x.is_floating_point():
+            return torch.equal(x, y)
+        return float((x.double() - y.double()).norm()) <= rtol * float(y.double().norm())
+
     # fairseq's SinusoidalPositionalEmbedding._float_tensor is torch.FloatTensor(1): uninitialised memory that
     # only marks dtype and device, so its value is arbitrary
-    differ = [k for k in sa["model"] if not k.endswith("._float_tensor")
-              and not torch.equal(sa["model"][k], sb["model"][k])]
+    differ = [k for k in sa["model"] if not k.endswith("._float_tensor") and not same(sa["model"][k], sb["model"][k])]
     assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"
     assert (sa["optimizer_history"][-1]["num_updates"] == sb["optimizer_history"][-1]["num_updates"])
 
