@@ -127,3 +127,25 @@ def test_bf16_trains_on_cpu_without_a_tpu(data, tmp_path, arch, optimizer):
     # the bf16 mixed-precision optimizer ran (fp32 training would record the plain Adam)
     assert state["optimizer_history"][-1]["optimizer_name"] == optimizer
     assert state["optimizer_history"][-1]["num_updates"] == 3
+
+
+@pytest.mark.parametrize("flag,dtype", [("--bf16", "bfloat16"), ("--fp16", "float16")])
+def test_generate_decodes_in_the_precision_asked_for(data, tmp_path_factory, flag, dtype):
+    """fairseq-generate --bf16 decoded in float32 once --bf16 stopped meaning TPU (fairseq only knew --fp16):
+    the patch casts the model as asked. The hypotheses' scores carry the low precision's rounding."""
+    from small_task import run_split, tiny_checkpoint
+
+    ckpt = tiny_checkpoint(tmp_path_factory, "floater_transformer_tiny")
+
+    def scores(*extra):
+        proc = run_split([str(Path(sys.executable).parent / "fairseq-generate"), str(data / "bin"), "--user-dir",
+                          "fairseq_plugins", "--path", str(ckpt), "--gen-subset", "valid", "--beam", "4",
+                          "--cpu", "--num-workers", "0", "--max-sentences", "8", "--max-len-b", "8", *extra])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return [float(line.split("\t")[1]) for line in proc.stdout.splitlines() if line.startswith("H-")]
+
+    full, low = scores(), scores(flag)
+    assert len(full) == len(low) == 40 and all(math.isfinite(s) for s in low)
+    assert full != low  # float32 scores would come back unchanged
+    # within the low precision's rounding of log-probabilities of a few tokens
+    assert max(abs(a - b) for a, b in zip(full, low)) < 0.1
