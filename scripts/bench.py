@@ -24,6 +24,12 @@ B = tokens // T sentences):
 
 With --profile-length T the script also records torch.profiler's top operators of one update of every model.
 
+With --count-ops it measures no time but counts, through a TorchDispatchMode, the aten operators (views aside:
+each is one kernel launch on a GPU) and the host synchronisations (operators that read a device value on the
+host: .item()/bool()/tolist(), equal, is_nonzero, nonzero) of one training update of the transformer, the
+relative model and FLOATER, and of FLOATER's exact solve of its three flows and its backward alone (with
+their CPU time, one thread), at every length; it writes --out-json/--out-md (default results/bench_ops.*).
+
 Usage: python scripts/bench.py [--quick] [--device cpu|cuda] [--out-json F] [--out-md F] (make bench: BENCH_ARGS).
 """
 
@@ -281,6 +287,121 @@ def parse_per_length(text, lengths, name):
     if len(values) != len(lengths) or min(values) < 1:
         raise SystemExit(f"--{name}: one positive integer or one per length ({len(lengths)})")
     return dict(zip(lengths, values))
+
+
+SYNCING_OPS = frozenset({"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "item"})
+
+
+def op_counter():
+    """A TorchDispatchMode counting non-view aten operators and, by name, those that synchronise with the host."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops, self.syncs = 0, Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += not func.is_view
+            name = func.overloadpacket.__name__
+            if name in SYNCING_OPS:
+                self.syncs[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    return CountOps()
+
+
+def count_ops(args):
+    """Operators and host syncs of one training update per model and of FLOATER's exact solve (see the docstring)."""
+    from fairseq_plugins.modules.floater import solve_flows
+    from fairseq_plugins.modules.floater_dynamics import STEPS_PER_DT
+
+    device, lengths = args.device, parse_lengths(args.lengths)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    specs = model_specs(args.dims, args.floater_every)
+    dictionary = synthetic_dictionary(args.vocab)
+    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.silent else (lambda *a: None)
+    updates, solves = [], []
+    for T in lengths:
+        bsz = max(1, args.tokens // T)
+        for name in ("transformer", "relative", "floater"):
+            arch, flags, _ = specs[name]
+            task, model, criterion, optimizer = build(arch, flags, dictionary, device, args.seed)
+            entry = {"task": task, "model": model, "criterion": criterion, "optimizer": optimizer, "updates": 1}
+            sample = random_batch(dictionary, bsz, T, device, args.seed)
+            train_update(entry, sample)  # Adam's state and every lazily built buffer exist from here on
+            with op_counter() as counter:
+                train_update(entry, sample)
+            updates.append({"model": name, "length": T, "batch_sentences": bsz, "ops": counter.ops,
+                            "syncs": dict(counter.syncs)})
+            log(f"ops {name:>12} T={T:<4} update: {counter.ops} operators, syncs {dict(counter.syncs)}")
+            if name != "floater":
+                continue
+            flows = model.floater_positions.flows
+            rows = [len(projections) for _, projections in model.floater_positions.members]
+            steps = STEPS_PER_DT * (T - 1)
+
+            def solve():
+                initial = model.floater_positions._initial()
+                return solve_flows(flows, initial, T)
+
+            with op_counter() as forward:
+                ys = solve()
+            loss = sum(y.float().sum() for y in ys)
+            with op_counter() as backward:
+                loss.backward()
+            times = []
+            for _ in range(2):  # CPU seconds on CPU (a shared machine), wall seconds on CUDA; the better of two
+                box = []
+                forward_t = timed(lambda: box.append(solve()), device)
+                backward_t = timed(lambda: sum(y.float().sum() for y in box.pop()).backward(), device)
+                clock = 1 if device == "cpu" else 0
+                times.append((forward_t[clock], backward_t[clock]))
+            forward_s = min(t[0] for t in times)
+            backward_s = min(t[1] for t in times)
+            solves.append({"length": T, "rows": rows, "steps": steps, "forward_ops": forward.ops,
+                           "backward_ops": backward.ops, "forward_ops_per_step": forward.ops / steps,
+                           "backward_ops_per_step": backward.ops / steps, "forward_syncs": dict(forward.syncs),
+                           "backward_syncs": dict(backward.syncs), "forward_s": forward_s,
+                           "backward_s": backward_s})
+            log(f"ops solve T={T}: forward {forward.ops} ({forward.ops / steps:.1f}/step), backward {backward.ops}"
+                f" ({backward.ops / steps:.1f}/step), syncs {dict(forward.syncs)} / {dict(backward.syncs)}")
+    return {"kind": "count_ops", "command": "scripts/bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+            "settings": {"dims": args.dims, "lengths": lengths, "tokens": args.tokens, "device": device,
+                         "threads": torch.get_num_threads()},
+            "machine": machine(device), "source": source_state(), "updates": updates, "solves": solves}
+
+
+def ops_markdown(res):
+    st = res["settings"]
+    syncs = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "none"  # noqa: E731
+    lines = [f"# Operators and host synchronisations ({st['dims']} dims, {st['device']})", "",
+             f"Command: `{res['command']}`  ", f"Machine: {res['machine'].get('cpu', '')}, torch "
+             f"{res['machine']['torch']}, {st['threads']} thread(s); commit {res['source']['commit']}", "",
+             "Counted through a TorchDispatchMode: every aten operator that is not a view (one kernel launch on a "
+             "GPU), and the operators that read a device value on the host (`_local_scalar_dense` = .item()/bool()/"
+             "tolist(), `equal`, `is_nonzero`, `nonzero`).", "",
+             "## One training update (forward, label-smoothed cross-entropy, backward, Adam)", "",
+             "| model | T | sentences | operators | × transformer | host syncs |", "|---|---|---|---|---|---|"]
+    base = {r["length"]: r["ops"] for r in res["updates"] if r["model"] == "transformer"}
+    for r in res["updates"]:
+        lines.append(f"| {r['model']} | {r['length']} | {r['batch_sentences']} | {r['ops']:,} | "
+                     f"{r['ops'] / base[r['length']]:.2f}× | {syncs(r['syncs'])} |")
+    lines += ["", "## FLOATER's exact solve of its three flows (RK4 at Δ/5, P = T) and its backward", "",
+              "| T | rows per flow | RK4 steps | forward operators (per step) | backward operators (per step) | "
+              "host syncs forward / backward | seconds forward / backward |", "|---|---|---|---|---|---|---|"]
+    for r in res["solves"]:
+        lines.append(f"| {r['length']} | {'/'.join(map(str, r['rows']))} | {r['steps']:,} | {r['forward_ops']:,} "
+                     f"({r['forward_ops_per_step']:.1f}) | {r['backward_ops']:,} ({r['backward_ops_per_step']:.1f}) | "
+                     f"{syncs(r['forward_syncs'])} / {syncs(r['backward_syncs'])} | "
+                     f"{r['forward_s']:.2f} / {r['backward_s']:.2f} |")
+    lines += ["", "Seconds: the better of two solves, CPU time on CPU (one thread unless --threads), wall time on CUDA.",
+              "", "The solve's one host sync, if any, is the finiteness check after it (solve_checked, in the "
+              "training update); the solve itself (solve_flows) has none."]
+    return "\n".join(lines) + "\n"
 
 
 def source_state():
@@ -612,12 +733,18 @@ def main(argv=None):
     p.add_argument("--profile-decode", type=int, default=0,
                    help="profile one decoding call of each model at this T, after the timed calls (0: none)")
     p.add_argument("--profile-top", type=int, default=15)
-    p.add_argument("--out-json", default=str(REPO / "results" / "bench.json"))
-    p.add_argument("--out-md", default=str(REPO / "results" / "bench.md"))
+    p.add_argument("--count-ops", action="store_true",
+                   help="count operators and host syncs (no timing) of one update per model and of FLOATER's solve; "
+                        "writes results/bench_ops.json/.md unless --out-json/--out-md are given")
+    p.add_argument("--out-json", default=None, help="default results/bench.json (--count-ops: results/bench_ops.json)")
+    p.add_argument("--out-md", default=None, help="default results/bench.md (--count-ops: results/bench_ops.md)")
     p.add_argument("--silent", action="store_true", help="no progress lines on stderr")
     p.add_argument("--notes", default=str(REPO / "results" / "bench_notes.md"),
                    help="markdown appended to --out-md (the analysis of the committed run), if the file exists")
     args = p.parse_args(argv)
+    stem = "bench_ops" if args.count_ops else "bench"
+    args.out_json = args.out_json or str(REPO / "results" / f"{stem}.json")
+    args.out_md = args.out_md or str(REPO / "results" / f"{stem}.md")
     if args.quick:
         for name, value in (("dims", "tiny"), ("threads", 1), ("lengths", "16,32"), ("tokens", 256), ("decode_tokens", 64),
                             ("vocab", 64), ("warmup", 1), ("reps", "3"), ("decode_reps", "2"), ("memory_reps", 1)):
@@ -633,6 +760,13 @@ def main(argv=None):
         raise SystemExit("--profile-decode needs decoding (drop --no-decode)")
     if args.clock is None:
         args.clock = "cpu" if args.device == "cpu" else "wall"
+    if args.count_ops:
+        res = count_ops(args)
+        for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, ops_markdown(res))):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+        print(ops_markdown(res))
+        return
     res = run(args)
     res["notes"] = Path(args.notes).read_text(encoding="utf-8") if args.notes and Path(args.notes).is_file() else None
     for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, markdown(res))):

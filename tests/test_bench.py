@@ -76,3 +76,25 @@ def test_profile_lengths_must_be_measured(tmp_path):
                     "--out-json", str(tmp_path / "b.json"), "--out-md", str(tmp_path / "b.md")], check=False)
         assert proc.returncode != 0 and proc.stdout.strip().splitlines()[-1].startswith(message), proc.stdout
         assert not (tmp_path / "b.json").exists()
+
+
+def test_count_ops_reports_operators_and_syncs(tmp_path):
+    """--count-ops --quick: one update per model and FLOATER's exact solve at both lengths; the solve has no host
+    sync and stays under its operator bounds per RK4 step (a regression guard, not a timing)."""
+    out_json, out_md = tmp_path / "ops.json", tmp_path / "ops.md"
+    proc = run([sys.executable, "scripts/bench.py", "--count-ops", "--quick", "--silent",
+                "--out-json", str(out_json), "--out-md", str(out_md)])
+    res = json.loads(out_json.read_text())
+    md = out_md.read_text()
+    assert md.strip() in proc.stdout
+    assert {(r["model"], r["length"]) for r in res["updates"]} == {
+        (m, T) for m in ("transformer", "relative", "floater") for T in QUICK_LENGTHS}
+    assert all(r["ops"] > 0 for r in res["updates"])
+    assert [r["length"] for r in res["solves"]] == QUICK_LENGTHS
+    for r in res["solves"]:
+        assert r["rows"] == [6, 8, 4] and r["steps"] == 5 * (r["length"] - 1)
+        assert r["forward_syncs"] == {} and r["backward_syncs"] == {}
+        assert r["forward_ops_per_step"] <= 16 and r["backward_ops_per_step"] <= 24
+        assert r["forward_s"] > 0 and r["backward_s"] > 0
+    for heading in ("## One training update", "## FLOATER's exact solve", "| floater | 32 | 8 |"):
+        assert heading in md
