@@ -804,3 +804,29 @@ def test_default_solve_on_cuda_has_no_host_sync(cuda_graph):
     again = values_and_gradients(solve_flows(flows, initial, 21), flows, initial)
     for a, b in zip([*again[0], *again[1]], [*reference[0], *reference[1]]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_captured_solve_path_buckets_lengths_and_keeps_values(monkeypatch):
+    """The CUDA-graph path's logic on CPU (capture replaced by the plain kernel): a length solves its bucket's
+    grid and keeps its first rows, values and gradients as the plain loop; one capture per bucket and shapes."""
+    assert [floater_rk4.graph_bucket(n) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129, 200)] == \
+        [16, 16, 24, 24, 32, 48, 64, 96, 128, 192, 256]
+    captures = []
+
+    def fake_capture(fn, samples, allow_unused_input=False):
+        captures.append([tuple(a.shape) for a in samples])
+        return fn
+
+    monkeypatch.setattr(floater_rk4, "_GRAPHS", {})
+    monkeypatch.setattr(floater_rk4, "_capturable", lambda y0, args, first_index: first_index == 0)
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_capture)
+    flows, initial = random_flows(rows=(5, 2, 3))
+    plain = [FloaterFlow(6, 7, FloaterSettings(cuda_graph=False)).double() for _ in flows]
+    for a, b in zip(plain, flows):
+        a.load_state_dict(b.state_dict())
+    for points in (21, 19, 30):
+        graphed = values_and_gradients(solve_flows(flows, initial, points), flows, initial)
+        reference = values_and_gradients(solve_flows(plain, initial, points), plain, initial)
+        for a, b in zip([*graphed[0], *graphed[1]], [*reference[0], *reference[1]]):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert len(captures) == 2  # buckets 24 (21 and 19 positions) and 32

@@ -250,6 +250,11 @@ def graph_bucket(points: int) -> int:
 _GRAPHS: Dict[tuple, object] = {}
 
 
+def _capturable(y0: Tensor, args: Tuple[Tensor, ...], first_index: int) -> bool:
+    """A training solve on CUDA: from position 0 (the bucket's extra rows then change nothing), with gradient."""
+    return y0.is_cuda and first_index == 0 and torch.is_grad_enabled() and any(a.requires_grad for a in args)
+
+
 def _graphed_kernel(plan: RK4Plan, args: Tuple[Tensor, ...]):
     """The kernel for this plan captured as CUDA graphs (forward and backward), built on first use."""
     key = (plan.points, plan.dt, plan.first, args[0].device,
@@ -273,8 +278,7 @@ def solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, dt: float, fir
     z0 = torch.bmm(y0, W1t)  # z = W1 p
     ec, et = torch.bmm(c2, W1t), torch.bmm(w2, W1t)  # W1 c2, W1 w2 (as rows)
     args = (z0, Mt, c1, w1, ec, et)
-    if (cuda_graph and y0.is_cuda and first_index == 0 and torch.is_grad_enabled()
-            and any(a.requires_grad for a in args)):
+    if cuda_graph and _capturable(y0, args, first_index):
         plan = rk4_plan(graph_bucket(num_points), dt, first_index)
         # the static output is overwritten by the next replay: keep a copy
         q = _graphed_kernel(plan, args)(*args)[:, :num_points].clone()
