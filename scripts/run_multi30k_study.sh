@@ -121,22 +121,27 @@ done
 
 # --- table (partial while runs are missing), validation curves, BLEU by length
 echo
-python scripts/study_table.py table --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
-  --sentences "$(awk 'END { print NR }' "$DATA/raw/test.$TGT")" --out "$OUT"
-if compgen -G "$OUT/runs/*.json" > /dev/null; then
-  python scripts/study_table.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
-    --title "Multi30k $SRC-$TGT: validation loss (${MAX_TRAIN_LEN:+train <= $MAX_TRAIN_LEN words, }one line per seed)"
-fi
-if [ -n "$MAX_TRAIN_LEN" ] && compgen -G "$OUT/runs/*.length.json" > /dev/null; then
-  python scripts/length_eval.py table "$OUT"/runs/*.length.json --out "$OUT/length_table.md" > /dev/null
-  python scripts/length_eval.py plot "$OUT"/runs/*.length.json --out "$OUT/length.png" \
-    --train-max-len "$MAX_TRAIN_LEN" --title "Multi30k $SRC-$TGT: BLEU by source length" > /dev/null
-fi
+tabulate
 echo "results: $OUT/"
 (( failed == 0 )) || die "$failed run(s) failed: see the logs above"
 }
 
 die() { echo "run_multi30k_study.sh: $*" >&2; exit 1; }
+
+# The table from every finished run (after each run too, so that it is current while the study goes on).
+tabulate() {
+  python scripts/study_table.py table --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
+    --sentences "$(awk 'END { print NR }' "$DATA/raw/test.$TGT")" --out "$OUT"
+  if compgen -G "$OUT/runs/*.json" > /dev/null; then
+    python scripts/study_table.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
+      --title "Multi30k $SRC-$TGT: validation loss (${MAX_TRAIN_LEN:+train <= $MAX_TRAIN_LEN words, }one line per seed)"
+  fi
+  if [ -n "$MAX_TRAIN_LEN" ] && compgen -G "$OUT/runs/*.length.json" > /dev/null; then
+    python scripts/length_eval.py table "$OUT"/runs/*.length.json --out "$OUT/length_table.md" > /dev/null
+    python scripts/length_eval.py plot "$OUT"/runs/*.length.json --out "$OUT/length.png" \
+      --train-max-len "$MAX_TRAIN_LEN" --title "Multi30k $SRC-$TGT: BLEU by source length" > /dev/null
+  fi
+}
 
 copy() { cp "$1" "$2.tmp" && mv "$2.tmp" "$2"; }
 
@@ -198,6 +203,7 @@ PY
     --meta "recipe=$RECIPE" "arch=$arch" "epochs=$epochs" "lr=$lr" "averaged=$avg" "update_offset=$offset" \
     "code=$CODE" "threads=$THREADS" "jobs=$JOBS" |
     sed "s/^/== /"
+  tabulate > /dev/null
 }
 
 main "$@"; exit $?

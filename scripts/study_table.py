@@ -23,6 +23,7 @@ import re
 import shutil
 import statistics
 import sys
+import tempfile
 
 import sacrebleu
 from sacrebleu.significance import PairedTest
@@ -48,11 +49,21 @@ def fail(msg):
     sys.exit(f"study_table.py: {msg}")
 
 
+def temp_beside(path, suffix=".tmp"):
+    """A new temporary file name in path's directory (runs side by side may write the same table at once)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=suffix)
+    os.close(fd)
+    return tmp
+
+
 def write_atomic(path, text):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    tmp = temp_beside(path)
+    with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
-    os.replace(path + ".tmp", path)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
 
 
 def read_lines(path):
@@ -271,8 +282,9 @@ def plot(args):
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = args.out + ".tmp.png"
+    tmp = temp_beside(args.out, suffix=".png")
     fig.savefig(tmp, dpi=110)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, args.out)
     print(f"plot -> {args.out}")
 
