@@ -201,7 +201,8 @@ class FloaterFlow(nn.Module):
         super().__init__()
         hidden = hidden if hidden is not None else dim
         if not isinstance(settings, FloaterSettings):
-            raise TypeError(f"FloaterFlow takes its solver settings as a FloaterSettings, got {type(settings).__name__}")
+            raise TypeError(f"FloaterFlow takes its solver settings as a FloaterSettings, "
+                            f"got {type(settings).__name__}")
         self.settings = settings
         self.dynamics = FloaterDynamics(dim, hidden)
         if settings.update_every > 1:

@@ -52,7 +52,7 @@ Used for ``rk4`` without ``--floater-adjoint`` when hidden ≤ 2d (``FloaterFlow
 """
 
 import functools
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import torch
 from torch import Tensor
