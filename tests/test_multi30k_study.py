@@ -85,8 +85,7 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "ckpt").rglob("*.pt")} == stamps
     assert (results / "table.md").read_text(encoding="utf-8") == table
 
-    # a third seed asked for but not run: the table says it is partial (nothing trains: MODELS and SEEDS are
-    # the finished ones plus a model whose runs are absent would train, so only the table step is exercised)
+    # seeds asked for but not run yet: the table says so (the table step alone, which would not train them)
     run([sys.executable, "scripts/study_table.py", "table", "--runs", str(results / "runs"), "--models",
          " ".join(MODELS), "--seeds", "1 2 3", "--out", str(tmp_path / "partial")])
     assert "**PARTIAL: 4 of 6 runs done** (seeds done: transformer 2/3, floater_warm 2/3)" in (
