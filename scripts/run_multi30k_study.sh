@@ -32,9 +32,10 @@
 # (git archive HEAD | tar -x -C SNAP; CODE_VERSION=<commit> DATA_DIR=... CKPT_ROOT=... OUT_DIR=... absolute).
 #
 # Variables: PAIR (en-de), MODELS, SEEDS (1 2 3), EPOCHS (8), WARMUP (250 updates), LR (0.005), FT_EPOCHS (3),
-# FT_WARMUP (50), AVG (3), FT_AVG (2), VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
-# MAX_TRAIN_LEN, EDGES; DATA_DIR, CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN],
-# checkpoints/multi30k_study[_lenN], results/multi30k_study[/lenN]).
+# FT_WARMUP (50), AVG (3), FT_AVG (2), VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096),
+# BEAM (5), LENPEN (1), JOBS, THREADS, MAX_TRAIN_LEN, EDGES, MULTI30K_DIR (../shared/data/multi30k); DATA_DIR,
+# CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN], checkpoints/multi30k_study[_lenN],
+# results/multi30k_study[/lenN]). A finished run records the recipe; asking for another recipe is an error.
 set -euo pipefail
 
 main() {
