@@ -1,0 +1,154 @@
+"""Shared by tests/test_floater*.py: tiny FLOATER models, batches, random flows, and counters of solves and of
+operators."""
+import argparse
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import utils
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from torch.utils._python_dispatch import TorchDispatchMode
+
+utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+from fairseq_plugins.modules import floater  # noqa: E402
+from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings  # noqa: E402
+
+VOCAB = 24
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread avoids spinning threads fighting over a busy machine's cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Task:
+    def __init__(self):
+        d = Dictionary()
+        for i in range(VOCAB - len(d)):
+            d.add_symbol(f"w{i}")
+        self.source_dictionary = self.target_dictionary = d
+
+
+TASK = Task()
+PAD = TASK.source_dictionary.pad()
+
+
+def build(arch, seed=0, **kw):
+    torch.manual_seed(seed)
+    args = argparse.Namespace(arch=arch, dropout=0.0, **kw)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK)
+
+
+def flows(model):
+    return [m for m in model.modules() if isinstance(m, FloaterFlow)]
+
+
+def randomize_flows(model, scale=0.3, seed=1):
+    """A non-trivial h: W2 drawn small so the biases move but stay moderate over a few hundred positions."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for flow in flows(model):
+            w = flow.dynamics.fc2.weight
+            w.copy_(torch.randn(w.shape, generator=g) * scale / w.shape[1] ** 0.5)
+            flow.dynamics.fc2.bias.copy_(torch.randn(w.shape[0], generator=g) * 0.1)
+    return model
+
+
+def floater_model(seed=0, **kw):
+    return randomize_flows(build("floater_transformer_tiny", seed=seed, **kw)).double()
+
+
+def batch(bsz=3, src_len=7, tgt_len=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (bsz, src_len), generator=g)
+    src[0, :3] = PAD  # left padding, as fairseq batches sources
+    prev = torch.randint(4, VOCAB, (bsz, tgt_len), generator=g)
+    prev[:, 0] = TASK.source_dictionary.eos()
+    prev[1, -2:] = PAD  # right padding, as fairseq batches targets
+    return src, src.ne(PAD).sum(1), prev
+
+
+def count_solves(monkeypatch):
+    """Record every solver call made for a model's flows: the number of grid points it solves for."""
+    calls = []
+    solve = floater.solve_flows
+
+    def counting(flows, initial, num_points, *args, **kwargs):
+        calls.append(num_points)
+        return solve(flows, initial, num_points, *args, **kwargs)
+
+    monkeypatch.setattr(floater, "solve_flows", counting)
+    return calls
+
+
+def random_flows(rows=(3, 4, 2), dim=6, hidden=7, dtype=torch.float64, seed=0, **settings):
+    """Flows with a non-trivial h (random W2, c2, c1) and random initial values, one per entry of rows."""
+    torch.manual_seed(seed)
+    flows = [FloaterFlow(dim, hidden, FloaterSettings(**settings)).to(dtype) for _ in rows]
+    for flow in flows:
+        torch.nn.init.normal_(flow.dynamics.fc2.weight, std=0.5 / hidden ** 0.5)
+        torch.nn.init.normal_(flow.dynamics.fc2.bias, std=0.3)
+        torch.nn.init.normal_(flow.dynamics.fc1.bias, std=0.3)
+    initial = [torch.randn(k, dim, dtype=dtype, requires_grad=True) for k in rows]
+    return flows, initial
+
+
+def values_and_gradients(outputs, flows, initial, seed=1):
+    """The outputs and the gradients of a fixed random linear function of them w.r.t. θ and b(0)."""
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((y * torch.randn(y.shape, generator=g, dtype=y.dtype).to(y.device)).sum() for y in outputs)
+    inputs = [p for flow in flows for p in flow.parameters()] + list(initial)
+    return [y.detach() for y in outputs], torch.autograd.grad(loss, inputs)
+
+
+def rounded_copies(flows, initial, dtype):
+    """The float32 flows and b(0) with their values rounded through dtype, and copies of them in dtype."""
+    with torch.no_grad():
+        for flow in flows:
+            for p in flow.parameters():
+                p.copy_(p.to(dtype).float())
+    initial = [y.detach().to(dtype).float().requires_grad_() for y in initial]
+    low = [copy.deepcopy(flow).to(dtype) for flow in flows]
+    return initial, low, [y.detach().to(dtype).requires_grad_() for y in initial]
+
+
+def train_updates(model, n_updates, seed=0):
+    """fairseq's loop in miniature: forward, backward, step, set_num_updates. Yields per-update facts."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model.train()
+    enc_flow = model.encoder.floater_flow
+    theta = list(enc_flow.dynamics.parameters())
+    b0 = model.encoder.floater_projections[0].bias
+    for k in range(n_updates):
+        opt.zero_grad(set_to_none=True)
+        solves_before = enc_flow.num_solves
+        model(*batch(seed=seed + k))[0].pow(2).mean().backward()
+        theta_grad = sum(float(p.grad.abs().sum()) if p.grad is not None else 0.0 for p in theta)
+        yield dict(update=k, theta_grad=theta_grad, b0_grad=float(b0.grad.abs().sum()),
+                   solved=enc_flow.num_solves > solves_before)
+        opt.step()
+        model.set_num_updates(k + 1)
+
+
+SYNCING = {"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "item"}  # aten ops that wait for the device
+
+
+class CountOps(TorchDispatchMode):
+    """Every non-view aten operator (one kernel launch on a GPU) and those that synchronise with the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.syncs = 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += not func.is_view
+        if func.overloadpacket.__name__ in SYNCING:
+            self.syncs.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))

@@ -1,0 +1,90 @@
+"""FLOATER's position-biased attention (fairseq_plugins/modules/floater_attention.py): positions follow fairseq's
+numbering, and the fused attention equals fairseq's own path."""
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import utils
+
+utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+from fairseq_plugins.modules import floater  # noqa: E402
+from floater_helpers import (  # noqa: E402, F401  (one_thread: autouse fixture)
+    one_thread,
+    PAD,
+    flows,
+    floater_model,
+    batch,
+)
+
+
+def test_padding_does_not_move_positions():
+    """A sentence's output does not depend on how much padding its batch adds (left source, right target)."""
+    model = floater_model().eval()
+    src, lengths, prev = batch()
+    out = model(src, lengths, prev)[0]
+    alone_src = src[0:1, 3:]  # sentence 0 without its left padding
+    alone = model(alone_src, alone_src.ne(PAD).sum(1), prev[0:1])[0]
+    torch.testing.assert_close(out[0:1], alone, rtol=0, atol=1e-6)
+    alone = model(src[1:2], lengths[1:2], prev[1:2, :-2])[0]  # sentence 1 without its right padding
+    torch.testing.assert_close(out[1:2, :-2], alone, rtol=0, atol=1e-6)
+
+
+def test_positions_matter():
+    model = floater_model().eval()
+    src, lengths, prev = batch()
+    enc = model.encoder(src, lengths)["encoder_out"][0]
+    for flow in flows(model):
+        flow.dynamics.zero_output_()
+        flow.invalidate_cache()
+    assert (model.encoder(src, lengths)["encoder_out"][0] - enc).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["self", "causal", "cross"])
+def test_fused_attention_equals_fairseqs_own_path(kind, monkeypatch):
+    """The attention FLOATER runs in training (F.scaled_dot_product_attention on the position-biased q, k, v)
+    equals fairseq's MultiheadAttention path (scores, masks, softmax, values) in outputs and every gradient."""
+    model = floater_model().train()
+    layer = model.decoder.layers[0] if kind != "self" else model.encoder.layers[0]
+    attention = layer.encoder_attn if kind == "cross" else layer.self_attn
+    g = torch.Generator().manual_seed(3)
+    T, S, B, C = 5, 7 if kind == "cross" else 5, 3, attention.embed_dim
+    x = torch.randn(T, B, C, generator=g, dtype=torch.double, requires_grad=True)
+    mem = torch.randn(S, B, C, generator=g, dtype=torch.double, requires_grad=True)
+    padding = torch.zeros(B, S, dtype=torch.bool)
+    if kind == "causal":
+        padding[0, -2:] = True  # right padding, as fairseq batches targets
+    else:
+        padding[0, :2] = True  # left padding, as fairseq batches sources
+    causal = torch.triu(torch.full((T, S), float("-inf"), dtype=torch.double), 1) if kind == "causal" else None
+    key_rows = floater.rows_from_padding_mask(padding)  # (S, B)
+    query_rows = torch.arange(T)[:, None] if kind == "cross" else key_rows  # cross: target positions
+    delta = torch.randn(S, 3, C, generator=g, dtype=torch.double, requires_grad=True)
+    key = mem if kind == "cross" else x
+    # fairseq's softmax casts to float32; in double precision here, so that the paths must agree to 1e-10
+    monkeypatch.setattr(utils, "softmax", lambda x, dim, onnx_trace=False: torch.softmax(x, dim))
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
+
+    def run(need_weights):
+        with floater.bind_position_biases([attention.q_proj], delta[:T, :1], query_rows), \
+                floater.bind_position_biases([attention.k_proj, attention.v_proj], delta[:, 1:], key_rows):
+            out, _ = attention(x, key, key, key_padding_mask=padding, need_weights=need_weights,
+                               static_kv=kind == "cross", attn_mask=causal)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(4), dtype=out.dtype)
+        grads = torch.autograd.grad((out * weights).sum(), [x, mem, delta] + list(attention.parameters()),
+                                    allow_unused=True)
+        return out, grads
+
+    fused, fused_grads = run(need_weights=False)
+    assert calls, "the fused path was not taken"
+    calls.clear()
+    reference, reference_grads = run(need_weights=True)  # fairseq's own path
+    assert not calls
+    torch.testing.assert_close(fused, reference, rtol=0, atol=1e-10)
+    for a, b in zip(fused_grads, reference_grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
