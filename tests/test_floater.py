@@ -83,6 +83,8 @@ def test_one_solve_per_forward_for_all_flows_with_every_block_in_one_state(monke
     assert len(calls) == 1  # encoder flow, decoder flow and decoder cross flow together
     enc, dec = model.encoder, model.decoder
     assert [type(f) for f in (enc.floater_flow, dec.floater_flow, dec.floater_cross_flow)] == [FloaterFlow] * 3
+    # one FloaterSettings, checked once, shared by the model's flows
+    assert enc.floater_flow.settings is dec.floater_flow.settings is dec.floater_cross_flow.settings
     # the state stacks every block's initial values: 2 blocks × (q, k, v) | (q, k, v, cross q) | (cross k, v)
     assert len(enc.floater_projections) == 6
     assert len(dec.floater_projections) == 8 and len(dec.floater_cross_projections) == 4

@@ -67,6 +67,7 @@ Mapping to code
 """
 
 import dataclasses
+import functools
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -128,7 +129,10 @@ class FloaterSettings:
                   if f.name != "cuda_graph" and getattr(args, "floater_" + f.name, None) is not None}
         if getattr(args, "floater_no_cuda_graph", False):
             values["cuda_graph"] = False
-        return cls(**values)
+        try:
+            return _settings(cls, tuple(sorted(values.items())))
+        except TypeError:  # an unhashable value: let the constructor say which flag is wrong
+            return cls(**values)
 
     @property
     def fixed_grid(self) -> bool:
@@ -142,6 +146,12 @@ class FloaterSettings:
 
 
 DEFAULT_SETTINGS = FloaterSettings()
+
+
+@functools.lru_cache(maxsize=None)
+def _settings(cls, items: tuple) -> FloaterSettings:
+    """One checked FloaterSettings per distinct set of values: a model's flows share it."""
+    return cls(**dict(items))
 
 
 class FloaterDynamics(nn.Module):
