@@ -117,9 +117,10 @@ def check_floater_args(args) -> FloaterSettings:
         raise ValueError(f"--floater-hidden must be an integer >= 1, got {hidden!r}")
     if args.floater_layers not in ("all", "input"):
         raise ValueError(f"--floater-layers must be 'all' or 'input', got {args.floater_layers!r}")
+    # --offload-activations before --checkpoint-activations: fairseq's arch defaults set the latter from it
     for flag, name in (("--cross-self-attention", "cross_self_attention"),
-                       ("--checkpoint-activations", "checkpoint_activations"),
-                       ("--offload-activations", "offload_activations")):
+                       ("--offload-activations", "offload_activations"),
+                       ("--checkpoint-activations", "checkpoint_activations")):
         if getattr(args, name, False):
             raise ValueError(f"floater_transformer does not support {flag}")
     if getattr(args, "quant_noise_pq", 0):
