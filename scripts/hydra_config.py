@@ -56,7 +56,9 @@ def compose(name, overrides=(), config_dir=CONFIG_DIR):
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="(?s).*validated against ConfigStore schema")
-            with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+            # version base 1.1, as fairseq-hydra-train (which names none): the base is process-wide, and under
+            # >= 1.2 fairseq's own convert_namespace_to_omegaconf (hydra.experimental) refuses to run afterwards
+            with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.1"):
                 cfg = hydra_compose(name, overrides=list(overrides))
     finally:
         # hydra_init stored the schema under this name; Hydra deep-copies the whole store on every

@@ -175,3 +175,14 @@ def test_get_cli_prints_values(composed):
     with pytest.raises(KeyError, match="no.such.key: no such key"):
         hydra_config.select(composed("toy_recipe"), "no.such.key")
 
+
+
+def test_composing_a_config_leaves_fairseqs_own_config_conversion_working():
+    """Hydra's version base is process-wide: a compose under base >= 1.2 made fairseq's
+    convert_namespace_to_omegaconf (hydra.experimental) raise ImportError for the rest of the process."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    hydra_config.compose("toy_transformer")
+    args = options.parse_args_and_arch(options.get_training_parser(), ["data-bin", "--arch", "transformer_tiny"])
+    assert convert_namespace_to_omegaconf(args).model.arch == "transformer_tiny"
