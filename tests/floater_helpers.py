@@ -2,41 +2,14 @@
 operators."""
 import argparse
 import copy
-from pathlib import Path
 
-import pytest
 import torch
-from fairseq import utils
-from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from torch.utils._python_dispatch import TorchDispatchMode
 
-utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
-from fairseq_plugins.modules import floater  # noqa: E402
-from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings  # noqa: E402
-
-VOCAB = 24
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread avoids spinning threads fighting over a busy machine's cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-class Task:
-    def __init__(self):
-        d = Dictionary()
-        for i in range(VOCAB - len(d)):
-            d.add_symbol(f"w{i}")
-        self.source_dictionary = self.target_dictionary = d
-
-
-TASK = Task()
-PAD = TASK.source_dictionary.pad()
+from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from fairseq_plugins.modules import floater
+from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings
 
 
 def build(arch, seed=0, **kw):

@@ -4,38 +4,13 @@ implies checkpointing) and compute what the unwrapped model computes, with dropo
 same gradients up to float64 rounding; floater_transformer refuses both flags in one line."""
 import argparse
 import functools
-from pathlib import Path
 
 import pytest
 import torch
-from fairseq import utils
-from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.modules.checkpoint_activations import _checkpointed_forward
 
-utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
-
-VOCAB = 24
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-class Task:
-    def __init__(self):
-        d = Dictionary()
-        for i in range(VOCAB - len(d)):
-            d.add_symbol(f"w{i}")
-        self.source_dictionary = self.target_dictionary = d
-
-
-TASK = Task()
-PAD, EOS = TASK.source_dictionary.pad(), TASK.source_dictionary.eos()
+from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 
 def build(arch, **kw):

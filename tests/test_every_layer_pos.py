@@ -2,38 +2,14 @@
 input, against a computation written out by hand with fairseq's own layers; learned tables; incremental decoding."""
 import argparse
 import math
-from pathlib import Path
 
 import pytest
 import torch
-from fairseq import options, utils
-from fairseq.data import Dictionary
+from fairseq import options
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
-
-VOCAB = 24
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-class Task:
-    def __init__(self):
-        d = Dictionary()
-        for i in range(VOCAB - len(d)):
-            d.add_symbol(f"w{i}")
-        self.source_dictionary = self.target_dictionary = d
-
-
-TASK = Task()
-PAD, EOS = TASK.source_dictionary.pad(), TASK.source_dictionary.eos()
+from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 
 def build(arch="transformer_every_layer_pos_tiny", seed=0, **kw):
