@@ -23,12 +23,7 @@ utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve(
 PLUGIN_ARCHS = ["transformer_every_layer_pos_tiny", "relative_transformer_tiny", "floater_transformer_tiny"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tiny_models import one_thread  # noqa: E402, F401  (autouse fixture)
 
 
 class Task:

@@ -32,12 +32,7 @@ class Task:
 TASK = Task()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tiny_models import one_thread  # noqa: E402, F401  (autouse fixture)
 
 
 def build(seed=0):

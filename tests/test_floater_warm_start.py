@@ -24,12 +24,7 @@ spec.loader.exec_module(converter)
 VOCAB = 30
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tiny_models import one_thread  # noqa: E402, F401  (autouse fixture)
 
 
 def make_task():
