@@ -22,7 +22,9 @@
 # penalty 1: sacreBLEU (cased, detokenized, with signature) and the literature's tokenized lowercased BLEU.
 #
 # Every (model, seed) is its own resumable run: fairseq resumes from checkpoint_last.pt, and a run whose result
-# JSON exists is skipped, so the study can span several sessions. Each run has THREADS (default 1) threads;
+# JSON exists is skipped, so the study can span several sessions. Checkpoints are not kept with the results: a
+# finished transformer whose checkpoints are gone is trained again (same command) when a fine-tune of its seed
+# is still to run; its recorded result stays, and the fine-tune records how the retrained run compares with it. Each run has THREADS (default 1) threads;
 # JOBS (default 1) runs go side by side. Warm starts and their control run after all other runs.
 #
 # Train-short / test-long protocol (FLOATER Fig. 2): MAX_TRAIN_LEN=14 trains on pairs whose source has <= 14
@@ -84,6 +86,7 @@ for split in train val test_2016_flickr; do
       die "MULTI30K_DIR=$MULTI30K_DIR lacks $split.$lang (expected train, val, test_2016_flickr .$SRC/.$TGT)"
   done
 done
+command -v flock > /dev/null || die "flock not found: expected util-linux's flock (it keeps two study processes off one run)"
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 # the code each run was trained with, recorded in its result (CODE_VERSION: e.g. the commit of a snapshot)
 CODE=${CODE_VERSION:-"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"}
@@ -146,21 +149,44 @@ tabulate() {
 
 copy() { cp "$1" "$2.tmp" && mv "$2.tmp" "$2"; }
 
+# Whether a run that continues seed $1's transformer is asked for and not finished.
+fine_tunes_pending() {
+  local m
+  for m in $MODELS; do
+    case $m in floater_warm|transformer_ft) [ -s "$OUT/runs/$m.seed$1.json" ] || return 0 ;; esac
+  done
+  return 1
+}
+
 # One (model, seed): train (resuming), average, translate test, score. Its own log: CKPT_ROOT/MODEL.seedS/train.log.
 run_one() {
   local model=$1 seed=$2
   local name=$model.seed$seed
   local dir=$CKPT_ROOT/$name result=$OUT/runs/$name.json
+  local again=
   if [ -s "$result" ]; then
     python - "$result" "$RECIPE" <<'PY' || die "$result was made with another recipe; remove it (and its checkpoints) to run it again"
 import json, sys
 sys.exit(json.load(open(sys.argv[1], encoding="utf-8")).get("recipe") != sys.argv[2])
 PY
-    echo "== $name: skipped (done: $result)"
-    return 0
+    # trained here: its test.json is older than its result; trained again: newer, then retrain.txt follows
+    if [ $model = transformer ] && fine_tunes_pending "$seed" && { [ ! -s "$dir/test.json" ] ||
+         { [ "$dir/test.json" -nt "$result" ] && [ ! -s "$dir/retrain.txt" ]; }; }; then
+      # checkpoints stay on the machine that trained them; a later session trains the run again (the same
+      # command) for its fine-tunes and records how the two compare; the recorded result is kept
+      again=1
+      echo "== $name: done ($result), but its checkpoints are not here and its fine-tunes need them"
+    else
+      echo "== $name: skipped (done: $result)"
+      return 0
+    fi
   fi
   mkdir -p "$dir"
-  local arch epochs=$EPOCHS warmup=$WARMUP lr=$LR avg=$AVG extra=() offset=0
+  # two study processes must never train one run into the same directory (the lock goes with this subshell)
+  local lock
+  exec {lock}> "$dir/.lock"
+  flock -n "$lock" || { echo "== $name: another study process is running it ($dir/.lock): left to that one"; return 0; }
+  local arch epochs=$EPOCHS warmup=$WARMUP lr=$LR avg=$AVG extra=() offset=0 origin=
   case $model in
     transformer) arch=transformer_tiny ;;
     relative) arch=relative_transformer_tiny extra=(--max-relative-positions 16) ;;  # Shaw et al. base: k = 16
@@ -170,6 +196,8 @@ PY
       [ -s "$OUT/runs/transformer.seed$seed.json" ] ||
         { echo "== $name: its transformer (seed $seed) has not finished: $OUT/runs/transformer.seed$seed.json missing" >&2; return 1; }
       offset=$(python scripts/study_table.py updates "$OUT/runs/transformer.seed$seed.json")
+      origin="the run recorded in runs/transformer.seed$seed.json"
+      [ ! -s "$CKPT_ROOT/transformer.seed$seed/retrain.txt" ] || origin=$(cat "$CKPT_ROOT/transformer.seed$seed/retrain.txt")
       # the paper's protocol: continue from the trained transformer at half its peak lr, then average
       epochs=$FT_EPOCHS warmup=$FT_WARMUP avg=$FT_AVG lr=$(python -c "print($LR / 2)")
       if [ $model = floater_warm ]; then
@@ -195,6 +223,11 @@ PY
     >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
   REUSE=1 SRC=$SRC TGT=$TGT BEAM=$BEAM LENPEN=$LENPEN bash scripts/generate.sh "$DATA" "$dir/average.pt" test \
     "$dir/test.json" >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
+  if [ -n "$again" ]; then
+    python scripts/study_table.py retrain-note --recorded "$result" --test-json "$dir/test.json" \
+      --out "$dir/retrain.txt" | sed "s/^/== $name: /"
+    return 0
+  fi
   if [ -n "$MAX_TRAIN_LEN" ]; then
     python scripts/length_eval.py score --name "$name" --edges "$EDGES" --src "$DATA/raw/test.$SRC" \
       --ref "$DATA/raw/test.$TGT" --hyp "$dir/test.hyp" --out "$OUT/runs/$name.length.json" > /dev/null
@@ -202,7 +235,7 @@ PY
   python scripts/study_table.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \
     --ref "$DATA/raw/test.$TGT" --train-log "$dir/train.log" --out "$result" \
     --meta "recipe=$RECIPE" "arch=$arch" "epochs=$epochs" "lr=$lr" "averaged=$avg" "update_offset=$offset" \
-    "code=$CODE" "threads=$THREADS" "jobs=$JOBS" |
+    "code=$CODE" "threads=$THREADS" "jobs=$JOBS" ${origin:+"source=$origin"} |
     sed "s/^/== /"
   tabulate > /dev/null
 }

@@ -9,6 +9,8 @@ with mean ± std and paired bootstrap p-values, and the validation-loss curves.
   scripts/study_table.py table --runs RUNS --models "transformer relative" --seeds "1 2 3" --out OUT_DIR
   # validation loss against updates, one line per run
   scripts/study_table.py plot --runs RUNS --out OUT_DIR/valid_loss.png
+  # a finished run trained again (its checkpoints were lost): one line on how it compares with the record
+  scripts/study_table.py retrain-note --recorded RUNS/transformer.seed1.json --test-json RUN/test.json --out F
 
 Two BLEU scores per run: sacreBLEU (cased, detokenized, with its signature) and the Multi30k literature's
 tokenized BLEU (13a tokens, lowercased, BLEU on tokens: scripts/tokenized_bleu.py --lowercase
@@ -34,6 +36,7 @@ from tokenized_bleu import METHOD_LOWERCASE, prepare, tokenized_bleu  # noqa: E4
 # tokenize="none" on text that is tokenized on purpose: sacrebleu's "forgot to detokenize?" warning does not apply
 logging.getLogger("sacrebleu").setLevel(logging.ERROR)
 ALPHA = 0.05
+RUN_FILE = re.compile(r"\w+\.seed\d+\.json")  # one run's result: MODEL.seedS.json
 SAMPLES = 1000
 # The papers' claims, as (claim, model, reference model): "model > reference" is what the paper reports.
 CLAIMS = [
@@ -133,12 +136,33 @@ def run_result(args):
           f"(tokenized, lowercased) -> {args.out}")
 
 
+def retrain_note(args):
+    """A finished run trained again (its checkpoints were gone and runs continue from it): how it compares with
+    the recorded run, one line into --out; the runs that continue from it record that line."""
+    try:
+        with open(args.recorded, encoding="utf-8") as f:
+            recorded = json.load(f)
+        with open(args.test_json, encoding="utf-8") as f:
+            test = json.load(f)
+    except (OSError, ValueError) as err:
+        fail(f"cannot read a run result: {err}")
+    old = read_lines(os.path.join(os.path.dirname(args.recorded), recorded["hypotheses"]))
+    new = read_lines(test["hypotheses"])
+    if len(old) != len(new):
+        fail(f"{test['hypotheses']} has {len(new)} lines for {len(old)} recorded")
+    same = sum(a == b for a, b in zip(old, new))
+    note = (f"trained again: {same} of {len(old)} test hypotheses identical to the recorded run's, "
+            f"sacreBLEU {test['bleu']:.2f} (recorded {recorded['bleu']:.2f})")
+    write_atomic(args.out, note + "\n")
+    print(note)
+
+
 def load_runs(runs_dir):
     runs = {}
     if not os.path.isdir(runs_dir):
         return runs
     for name in sorted(os.listdir(runs_dir)):
-        if not name.endswith(".json"):
+        if not RUN_FILE.fullmatch(name):  # e.g. MODEL.seedS.length.json (BLEU by length) sits beside
             continue
         path = os.path.join(runs_dir, name)
         try:
@@ -308,6 +332,10 @@ def main():
     t.add_argument("--pair", default="en-de")
     t.add_argument("--sentences", default="1000")
     t.add_argument("--out", required=True, help="directory for table.md and summary.json")
+    n = sub.add_parser("retrain-note")
+    n.add_argument("--recorded", required=True, help="the recorded run's JSON")
+    n.add_argument("--test-json", required=True, help="scripts/generate.sh output of the run trained again")
+    n.add_argument("--out", required=True)
     u = sub.add_parser("updates")
     u.add_argument("run_json")
     p = sub.add_parser("plot")
@@ -315,7 +343,8 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--title", default="validation loss")
     args = ap.parse_args()
-    {"run-result": run_result, "table": table, "plot": plot, "updates": updates}[args.cmd](args)
+    {"run-result": run_result, "table": table, "plot": plot, "updates": updates,
+     "retrain-note": retrain_note}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 seeds, one epoch of a tiny model, the FLOATER warm start from each seed's transformer, the table with mean ± std
 and paired bootstrap p-values; a rerun retrains nothing. And the literature's tokenized lowercased BLEU against
 a hand computation from n-gram counts."""
+import fcntl
 import json
 import math
 import re
+import shutil
 import sys
 from collections import Counter
 
@@ -90,6 +92,56 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
          " ".join(MODELS), "--seeds", "1 2 3", "--out", str(tmp_path / "partial")])
     assert "**PARTIAL: 4 of 6 runs done** (seeds done: transformer 2/3, floater_warm 2/3)" in (
         tmp_path / "partial" / "table.md").read_text(encoding="utf-8")
+
+
+def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpus, tmp_path):
+    """Checkpoints stay on the machine that trained them. In a new session (no checkpoints, the results kept) a
+    fine-tune still to run needs its seed's transformer: the script trains it again with the same command, keeps
+    the recorded result, and the fine-tune records how the retrained transformer compares with it."""
+    study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1")
+    runs = tmp_path / "results" / "runs"
+    recorded = (runs / "transformer.seed1.json").read_text()
+    shutil.rmtree(tmp_path / "ckpt")  # the new machine
+
+    out = study(corpus, tmp_path, MODELS="transformer transformer_ft", SEEDS="1", JOBS="1").stdout
+    assert "its checkpoints are not here and its fine-tunes need them" in out
+    ckpt = tmp_path / "ckpt" / "transformer.seed1"
+    # single-threaded CPU training is deterministic: the same run, hypothesis for hypothesis
+    n_test = len((corpus / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines())
+    note = (ckpt / "retrain.txt").read_text(encoding="utf-8").strip()
+    assert note.startswith(f"trained again: {n_test} of {n_test} test hypotheses identical"), note
+    assert (runs / "transformer.seed1.json").read_text() == recorded, "the recorded result stays"
+    assert json.loads((runs / "transformer_ft.seed1.json").read_text())["source"] == note
+
+    # a rerun trains neither again
+    again = study(corpus, tmp_path, MODELS="transformer transformer_ft", SEEDS="1", JOBS="1").stdout
+    assert again.count(": skipped (done") == 2 and "training" not in again
+
+
+def test_a_run_another_study_process_holds_is_left_to_it(corpus, tmp_path):
+    """Two study processes started on one directory never train one run side by side: the second leaves a run
+    whose lock the first holds, and trains nothing into it."""
+    run_dir = tmp_path / "ckpt" / "transformer.seed1"
+    run_dir.mkdir(parents=True)
+    with open(run_dir / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        out = study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1").stdout
+    assert "== transformer.seed1: another study process is running it" in out
+    assert "training" not in out and not list(run_dir.glob("*.pt"))
+    assert "PARTIAL: 0 of 1 runs done" in (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+
+
+def test_train_short_test_long_protocol(corpus, tmp_path):
+    """MAX_TRAIN_LEN: training pairs with at most that many source words, BLEU by source length beside each
+    run's result, and the study table reads only the run results (not the by-length files)."""
+    out = study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1", MAX_TRAIN_LEN="10",
+                EDGES="1,11,21").stdout
+    train = (tmp_path / "data" / "raw" / "train.en").read_text(encoding="utf-8").splitlines()
+    assert train and max(len(line.split()) for line in train) == 10
+    by_length = json.loads((tmp_path / "results" / "runs" / "transformer.seed1.length.json").read_text())
+    assert [b["sentences"] for b in by_length["buckets"]] == [26, 34]  # the test set's 1-10 and 11-20 words
+    assert "| transformer | 1/1 |" in (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+    assert (tmp_path / "results" / "length_table.md").is_file() and "results:" in out
 
 
 @pytest.mark.parametrize("overrides, message", [
