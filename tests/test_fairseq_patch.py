@@ -137,10 +137,15 @@ def test_generate_decodes_in_the_precision_asked_for(data, tmp_path_factory, fla
                           "fairseq_plugins", "--path", str(ckpt), "--gen-subset", "valid", "--beam", "4",
                           "--cpu", "--num-workers", "0", "--max-sentences", "8", "--max-len-b", "8", *extra])
         assert proc.returncode == 0, proc.stderr[-2000:]
-        return [float(line.split("\t")[1]) for line in proc.stdout.splitlines() if line.startswith("H-")]
+        hyps = [line.split("\t") for line in proc.stdout.splitlines() if line.startswith("H-")]
+        return {h[0]: (h[2], float(h[1])) for h in hyps}  # sentence id: (hypothesis, score)
 
     full, low = scores(), scores(flag)
-    assert len(full) == len(low) == 40 and all(math.isfinite(s) for s in low)
-    assert full != low  # float32 scores would come back unchanged
-    # within the low precision's rounding of log-probabilities of a few tokens
-    assert max(abs(a - b) for a, b in zip(full, low)) < 0.1
+    assert len(full) == len(low) == 40 and all(math.isfinite(s) for _, s in low.values())
+    assert [s for _, s in full.values()] != [s for _, s in low.values()]  # float32 would give the same scores
+    # the same search result for most sentences (the rounding may flip a close beam decision, which changes the
+    # hypothesis and so its score by more than rounding), and for those the score within the low precision's
+    # rounding of the log-probabilities of a few tokens
+    same = [i for i in full if full[i][0] == low[i][0]]
+    assert len(same) >= 30, f"only {len(same)} of 40 hypotheses survive {flag}"
+    assert max(abs(full[i][1] - low[i][1]) for i in same) < 0.1
