@@ -8,31 +8,14 @@ model driven as fairseq's trainer drives it (set_num_updates, train/eval, state_
 fixed pseudo-random parameter change standing in for the optimizer step."""
 import argparse
 import copy
-from pathlib import Path
 
 import pytest
 import torch
-from fairseq import utils
-from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+from tiny_models import TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
-ARCH, N, VOCAB = "floater_transformer_tiny", 4, 24
-
-
-class Task:
-    def __init__(self):
-        d = Dictionary()
-        for i in range(VOCAB - len(d)):
-            d.add_symbol(f"w{i}")
-        self.source_dictionary = self.target_dictionary = d
-
-
-TASK = Task()
-
-
-from tiny_models import one_thread  # noqa: E402, F401  (autouse fixture)
+ARCH, N = "floater_transformer_tiny", 4
 
 
 def build(seed=0):
