@@ -24,8 +24,9 @@
 # Every (model, seed) is its own resumable run: fairseq resumes from checkpoint_last.pt, and a run whose result
 # JSON exists is skipped, so the study can span several sessions. Checkpoints are not kept with the results: a
 # finished transformer whose checkpoints are gone is trained again (same command) when a fine-tune of its seed
-# is still to run; its recorded result stays, and the fine-tune records how the retrained run compares with it. Each run has THREADS (default 1) threads;
-# JOBS (default 1) runs go side by side. Warm starts and their control run after all other runs.
+# is still to run; its recorded result stays, and the fine-tune records how the retrained run compares with it.
+# Each run has THREADS (default 1) threads; JOBS (default 1) runs go side by side. Warm starts and their
+# control run after all other runs.
 #
 # Train-short / test-long protocol (FLOATER Fig. 2): MAX_TRAIN_LEN=14 trains on pairs whose source has <= 14
 # words, into its own data, checkpoint and result directories, and adds BLEU by source length (EDGES).
