@@ -19,7 +19,6 @@ per seed (seed s of one model against seed s of the other) and pooled (the seeds
 """
 import argparse
 import json
-import logging
 import os
 import re
 import shutil
@@ -33,8 +32,6 @@ from sacrebleu.significance import PairedTest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tokenized_bleu import METHOD_LOWERCASE, prepare, tokenized_bleu  # noqa: E402
 
-# tokenize="none" on text that is tokenized on purpose: sacrebleu's "forgot to detokenize?" warning does not apply
-logging.getLogger("sacrebleu").setLevel(logging.ERROR)
 ALPHA = 0.05
 RUN_FILE = re.compile(r"\w+\.seed\d+\.json")  # one run's result: MODEL.seedS.json
 SAMPLES = 1000
@@ -179,7 +176,7 @@ def paired_p(refs, base_hyps, sys_hyps):
     """Paired bootstrap p-values of the difference, sacreBLEU and tokenized lowercased BLEU."""
     out = {}
     tok = [lambda h: h, lambda h: prepare(h, lowercase=True, compounds=False)]
-    metrics = [sacrebleu.metrics.BLEU(), sacrebleu.metrics.BLEU(tokenize="none")]
+    metrics = [sacrebleu.metrics.BLEU(), sacrebleu.metrics.BLEU(tokenize="none", force=True)]
     for key, prep, metric in zip(("bleu", "bleu_tok_lc"), tok, metrics):
         test = PairedTest([("base", [prep(h) for h in base_hyps]), ("sys", [prep(h) for h in sys_hyps])],
                           {"BLEU": metric}, [[prep(r) for r in refs]], test_type="bs", n_samples=SAMPLES)

@@ -53,7 +53,7 @@ def tokenized_bleu(hypotheses, references, lowercase=False, compounds=True):
     """sacrebleu BLEUScore of the prepared hypotheses against one prepared reference per sentence."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    bleu = sacrebleu.metrics.BLEU(tokenize="none")
+    bleu = sacrebleu.metrics.BLEU(tokenize="none", force=True)  # tokenized on purpose: no "forgot to detokenize?"
     return bleu.corpus_score([prepare(h, lowercase, compounds) for h in hypotheses],
                              [[prepare(r, lowercase, compounds) for r in references]])
 
