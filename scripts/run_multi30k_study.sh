@@ -137,7 +137,8 @@ die() { echo "run_multi30k_study.sh: $*" >&2; exit 1; }
 # The table from every finished run (after each run too, so that it is current while the study goes on).
 tabulate() {
   python scripts/study_table.py table --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
-    --sentences "$(awk 'END { print NR }' "$DATA/raw/test.$TGT")" --out "$OUT"
+    --sentences "$(awk 'END { print NR }' "$DATA/raw/test.$TGT")" --out "$OUT" \
+    --source-dependence "$OUT/source_dependence"
   if compgen -G "$OUT/runs/*.json" > /dev/null; then
     python scripts/study_table.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
       --title "Multi30k $SRC-$TGT: validation loss (${MAX_TRAIN_LEN:+train <= $MAX_TRAIN_LEN words, }one line per seed)"
@@ -234,6 +235,10 @@ PY
     python scripts/length_eval.py score --name "$name" --edges "$EDGES" --src "$DATA/raw/test.$SRC" \
       --ref "$DATA/raw/test.$TGT" --hyp "$dir/test.hyp" --out "$OUT/runs/$name.length.json" > /dev/null
   fi
+  # how much the model uses its source (a failed run can have a plausible loss and fluent, unrelated output)
+  mkdir -p "$OUT/source_dependence"
+  python scripts/source_dependence.py "$DATA/bin" "$dir/average.pt" --json "$OUT/source_dependence/$name.json" \
+    >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
   python scripts/study_table.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \
     --ref "$DATA/raw/test.$TGT" --train-log "$dir/train.log" --out "$result" \
     --meta "recipe=$RECIPE" "arch=$arch" "epochs=$epochs" "lr=$lr" "averaged=$avg" "update_offset=$offset" \

@@ -220,6 +220,31 @@ def verdict(cmp, key="bleu_tok_lc", at_least=False):
     return "no, reversed (significant)" if p < ALPHA else "no (not significant)"
 
 
+def per_run_lines(runs, models, seeds, dep_dir, summary):
+    """One row per finished run, so that a seed that failed shows as such; source dependence where measured."""
+    lines = ["", "Per run: the final validation loss (label-smoothed, base 2, as fairseq logs it) and the source "
+             "dependence (`scripts/source_dependence.py` on the evaluated checkpoint: the test references' loss with "
+             "deranged sources minus with the true ones, nats per token; – where not measured):", "",
+             "| run | BLEU tok-lc | sacreBLEU | valid loss | training min | source dependence |", "|---|---|---|---|---|---|"]
+    summary["runs"] = {}
+    for m in models:
+        for s in seeds:
+            if (m, s) not in runs:
+                continue
+            run, gap = runs[(m, s)], None
+            dep_file = os.path.join(dep_dir, f"{m}.seed{s}.json") if dep_dir else None
+            if dep_file and os.path.isfile(dep_file):
+                with open(dep_file, encoding="utf-8") as f:
+                    gap = json.load(f)["gap"]
+            curve = run.get("valid_loss") or []
+            loss = curve[-1][1] if curve else None
+            summary["runs"][f"{m}.seed{s}"] = {"valid_loss": loss, "source_dependence": gap}
+            lines.append(f"| {m} seed {s} | {run['bleu_tok_lc']:.2f} | {run['bleu']:.2f} | "
+                         f"{'–' if loss is None else f'{loss:.3f}'} | {run['train_seconds'] / 60:.0f} | "
+                         f"{'–' if gap is None else f'{gap:.2f}'} |")
+    return lines
+
+
 def table(args):
     models, seeds = args.models.split(), [int(s) for s in args.seeds.split()]
     runs = load_runs(args.runs)
@@ -254,6 +279,7 @@ def table(args):
                 cells[6] = f"{fmt_p(cmp['pooled_p']['bleu'])} ({per('bleu')})"
         summary["models"][m] = entry
         lines.append("| " + " | ".join(cells) + " |")
+    lines += per_run_lines(runs, models, seeds, args.source_dependence, summary)
     lines += ["", f"The papers' claims (verdict on tok-lc BLEU, pooled paired bootstrap, significant at p < {ALPHA}):", "",
               "| claim | seeds | Δ tok-lc | p tok-lc | Δ sacreBLEU | p sacreBLEU | reproduces here? |",
               "|---|---|---|---|---|---|---|"]
@@ -329,6 +355,7 @@ def main():
     t.add_argument("--pair", default="en-de")
     t.add_argument("--sentences", default="1000")
     t.add_argument("--out", required=True, help="directory for table.md and summary.json")
+    t.add_argument("--source-dependence", help="directory of scripts/source_dependence.py JSONs, MODEL.seedS.json")
     n = sub.add_parser("retrain-note")
     n.add_argument("--recorded", required=True, help="the recorded run's JSON")
     n.add_argument("--test-json", required=True, help="scripts/generate.sh output of the run trained again")

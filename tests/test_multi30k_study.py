@@ -58,6 +58,10 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
             assert res["valid_loss"] and res["train_seconds"] >= 0
             hyps = (results / "runs" / f"{model}.seed{seed}.hyp").read_text(encoding="utf-8").splitlines()
             assert len(hyps) == n_test
+            dep = json.loads((results / "source_dependence" / f"{model}.seed{seed}.json").read_text())
+            assert dep["sentences"] == n_test and dep["shuffled_loss"] > 0 and dep["true_loss"] > 0
+            assert re.search(rf"\| {model} seed {seed} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| \d+ \| {dep['gap']:.2f} \|",
+                             (results / "table.md").read_text(encoding="utf-8"))
     warm = json.loads((results / "runs" / "floater_warm.seed2.json").read_text())
     assert warm["arch"] == "floater_transformer" and float(warm["lr"]) == 0.0025  # half the peak lr
     assert int(warm["update_offset"]) == json.loads((results / "runs" / "transformer.seed2.json").read_text())[
@@ -83,7 +87,7 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "ckpt").rglob("*.pt")}
     again = study(corpus, tmp_path).stdout
     assert again.count(": skipped (done") == len(MODELS) * len(SEEDS)
-    assert "training" not in again
+    assert ": training " not in again
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "ckpt").rglob("*.pt")} == stamps
     assert (results / "table.md").read_text(encoding="utf-8") == table
 
@@ -115,7 +119,7 @@ def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpu
 
     # a rerun trains neither again
     again = study(corpus, tmp_path, MODELS="transformer transformer_ft", SEEDS="1", JOBS="1").stdout
-    assert again.count(": skipped (done") == 2 and "training" not in again
+    assert again.count(": skipped (done") == 2 and ": training " not in again
 
 
 def test_a_run_another_study_process_holds_is_left_to_it(corpus, tmp_path):
@@ -127,7 +131,7 @@ def test_a_run_another_study_process_holds_is_left_to_it(corpus, tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         out = study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1").stdout
     assert "== transformer.seed1: another study process is running it" in out
-    assert "training" not in out and not list(run_dir.glob("*.pt"))
+    assert ": training " not in out and not list(run_dir.glob("*.pt"))
     assert "PARTIAL: 0 of 1 runs done" in (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
 
 
