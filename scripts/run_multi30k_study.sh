@@ -236,7 +236,6 @@ PY
       --ref "$DATA/raw/test.$TGT" --hyp "$dir/test.hyp" --out "$OUT/runs/$name.length.json" > /dev/null
   fi
   # how much the model uses its source (a failed run can have a plausible loss and fluent, unrelated output)
-  mkdir -p "$OUT/source_dependence"
   python scripts/source_dependence.py "$DATA/bin" "$dir/average.pt" --json "$OUT/source_dependence/$name.json" \
     >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
   python scripts/study_table.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \

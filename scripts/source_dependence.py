@@ -14,13 +14,14 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 from fairseq import checkpoint_utils, utils
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from study_table import write_atomic  # noqa: E402
 
 BATCH = 64  # sentences per forward pass: memory stays small, the sum does not depend on it
 
@@ -79,15 +80,11 @@ def main():
         sys.exit(f"source_dependence.py: checkpoint {args.checkpoint}: no such file")
     if not any(Path(args.data).glob(f"{args.subset}.*.idx")):  # fairseq-preprocess: SUBSET.SRC-TGT.LANG.idx
         sys.exit(f"source_dependence.py: --subset {args.subset}: no binarized split of that name in {args.data}")
-    torch.manual_seed(args.seed)
     result = measure(args.data, args.checkpoint, args.subset, args.seed)
     print(f"true {result['true_loss']:.4f}  shuffled {result['shuffled_loss']:.4f}  gap {result['gap']:.4f} "
           f"nats/token ({result['sentences']} sentences, {result['target_tokens']} target tokens)")
     if args.json:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(args.json)), suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-        os.replace(tmp, args.json)
+        write_atomic(args.json, json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ def test_true_loss_is_fairseqs_validation_nll_and_wrong_sources_cost(toy_data, t
     out = tmp_path / "dep.json"
     run([sys.executable, "scripts/source_dependence.py", str(toy_data / "bin"), str(ckpt), "--json", str(out)])
     dep = json.loads(out.read_text())
+    assert out.stat().st_mode & 0o777 == 0o644  # a result others may read, not a private temporary file
     log = run(["fairseq-validate", str(toy_data / "bin"), "--path", str(ckpt), "--user-dir", "fairseq_plugins",
                "--task", "translation", "--valid-subset", "test", "--cpu", "--max-tokens", "4096"]).stdout
     nll_bits = float(re.search(r"valid on 'test' subset \| loss [\d.]+ \| nll_loss ([\d.]+)", log).group(1))
