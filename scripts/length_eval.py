@@ -7,6 +7,11 @@
   # plot: several .length.json files, one line each; table: the same as markdown
   scripts/length_eval.py plot results/toy_*.length.json --out results/toy_length.png
   scripts/length_eval.py table results/toy_*.length.json --out results/toy_length.md
+  # runs of one model with several seeds (score --model M --name M.seedS): --mean gives mean +- std per model
+  scripts/length_eval.py table runs/*.length.json --mean --out length_table.md
+
+A run scored with --note (e.g. "trained on all lengths") is a reference condition for its model: its row reads
+"MODEL, NOTE" and its plotted line is dashed, in its model's colour.
 
 Length = whitespace words of the raw source sentence. Bucket i holds lengths in [edges[i], edges[i+1]); the
 last edge may be "inf". Every sentence must fall into a bucket (no sentence is silently left out); each
@@ -17,6 +22,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 
 import sacrebleu
 
@@ -66,16 +72,25 @@ def score_buckets(src, ref, hyp, edges):
 
 
 def write_atomic(path, write):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.path.splitext(path)[1]}"
-    write(tmp)
-    os.replace(tmp, path)
+    """write(tmp) to a temp name of its own beside path, then rename: two study runs finishing together may
+    write the same table at once."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def cmd_score(args):
     src, ref, hyp = (read_lines(getattr(args, k), k) for k in ("src", "ref", "hyp"))
     buckets, overall = score_buckets(src, ref, hyp, parse_edges(args.edges))
-    result = {"name": args.name, "bleu": overall, "sentences": len(src), "buckets": buckets,
+    result = {"name": args.name, "model": args.model or args.name, "note": args.note, "bleu": overall, "sentences": len(src), "buckets": buckets,
               "length_unit": "source words", "src": args.src, "ref": args.ref, "hyp": args.hyp}
 
     def write(tmp):
@@ -96,18 +111,49 @@ def load_results(paths):
     labels = [b["bucket"] for b in results[0]["buckets"]]
     if any([b["bucket"] for b in r["buckets"]] != labels for r in results):
         sys.exit("length_eval.py: the inputs use different buckets; score them with the same --edges")
+    if any([b["sentences"] for b in r["buckets"]] != [b["sentences"] for b in results[0]["buckets"]]
+           for r in results):
+        sys.exit("length_eval.py: the inputs were scored on different test sets (their buckets hold different "
+                 "numbers of sentences)")
     return results, labels, [b["sentences"] for b in results[0]["buckets"]]
+
+
+def mean_std(values, spread):
+    """(cell text, mean, std) of one model's scores; "-" when a run has no sentence in the bucket."""
+    if any(v is None for v in values):
+        return "-", None, None
+    m = sum(values) / len(values)
+    if not spread or len(values) == 1:
+        return f"{m:.1f}", m, 0.0
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+    return f"{m:.1f} ± {sd:.1f}", m, sd
+
+
+def rows(results, mean):
+    """One row per result, or with mean one per (model, note): its label, model, note, and (text, mean, std) for
+    the whole test set and each bucket."""
+    groups = {}
+    for i, r in enumerate(results):
+        groups.setdefault((r.get("model", r["name"]), r.get("note")) if mean else i, []).append(r)
+    out = []
+    for runs in groups.values():
+        model, note = runs[0].get("model", runs[0]["name"]), runs[0].get("note")
+        name = f"{model} ({len(runs)} run{'s' * (len(runs) > 1)})" if mean else runs[0]["name"]
+        out.append({"label": f"{name}, {note}" if note else name, "model": model, "note": note,
+                    "all": mean_std([r["bleu"] for r in runs], mean),
+                    "buckets": [mean_std([r["buckets"][i]["bleu"] for r in runs], mean)
+                                for i in range(len(runs[0]["buckets"]))]})
+    return out
 
 
 def cmd_table(args):
     results, labels, counts = load_results(args.inputs)
-    rows = ["| model | all | " + " | ".join(f"{lab} words" for lab in labels) + " |",
-            "|---" * (len(labels) + 2) + "|",
-            f"| sentences | {results[0]['sentences']} | " + " | ".join(str(n) for n in counts) + " |"]
-    for r in results:
-        cells = [f"{b['bleu']:.1f}" if b["bleu"] is not None else "-" for b in r["buckets"]]
-        rows.append(f"| {r['name']} | {r['bleu']:.1f} | " + " | ".join(cells) + " |")
-    table = "\n".join(rows) + "\n"
+    lines = ["| model | all | " + " | ".join(f"{lab} words" for lab in labels) + " |",
+             "|---" * (len(labels) + 2) + "|",
+             f"| sentences | {results[0]['sentences']} | " + " | ".join(str(n) for n in counts) + " |"]
+    for row in rows(results, args.mean):
+        lines.append(f"| {row['label']} | {row['all'][0]} | " + " | ".join(c[0] for c in row["buckets"]) + " |")
+    table = "\n".join(lines) + "\n"
     if args.out:
         def write(tmp):
             with open(tmp, "w", encoding="utf-8") as f:
@@ -125,12 +171,16 @@ def cmd_plot(args):
     results, labels, counts = load_results(args.inputs)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     x = list(range(len(labels)))
-    for r in results:
-        ax.plot(x, [b["bleu"] if b["bleu"] is not None else float("nan") for b in r["buckets"]],
-                marker="o", label=f"{r['name']} (all: {r['bleu']:.1f})")
+    colours = {}  # one colour per model; its reference conditions (notes) dashed in the same colour
+    for row in rows(results, args.mean):
+        colour = colours.setdefault(row["model"], f"C{len(colours) % 10}")
+        y = [c[1] if c[1] is not None else float("nan") for c in row["buckets"]]
+        err = [c[2] if c[2] is not None else float("nan") for c in row["buckets"]] if args.mean else None
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=colour, linestyle="--" if row["note"] else "-",
+                    label=f"{row['label']} (all: {row['all'][0]})")
     ax.set_xticks(x, [f"{lab}\n(n={n})" for lab, n in zip(labels, counts)])
     ax.set_xlabel(f"source length ({results[0].get('length_unit', 'words')}), sentences per bucket")
-    ax.set_ylabel("BLEU (sacrebleu)")
+    ax.set_ylabel("BLEU (sacrebleu)" + (", mean ± std over seeds" if args.mean else ""))
     if args.train_max_len:
         # the first bucket that starts beyond the training lengths: shade everything from there on
         first = next((i for i, b in enumerate(results[0]["buckets"]) if b["lo"] > args.train_max_len), None)
@@ -139,7 +189,7 @@ def cmd_plot(args):
             ax.text(first - 0.4, ax.get_ylim()[1] * 0.97, "longer than any training sentence", va="top", fontsize=8)
     ax.set_title(args.title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left")
+    ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     print(f"plot: {args.out}")
@@ -149,7 +199,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("score", help="BLEU per source-length bucket for one model")
-    s.add_argument("--name", required=True, help="model name shown in tables and plots")
+    s.add_argument("--name", required=True, help="run name shown in tables and plots (e.g. transformer.seed1)")
+    s.add_argument("--model", help="the model this run is a seed of, for --mean (default: --name)")
+    s.add_argument("--note", help="a reference condition of the model, e.g. 'trained on all lengths' "
+                                  "(shown after its name; plotted dashed)")
     s.add_argument("--src", nargs="+", required=True, help="raw source file(s)")
     s.add_argument("--ref", nargs="+", required=True, help="raw reference file(s)")
     s.add_argument("--hyp", nargs="+", required=True, help="detokenized hypothesis file(s)")
@@ -161,10 +214,12 @@ def main():
     p.add_argument("--out", required=True, help="output .png")
     p.add_argument("--title", default="BLEU by source length")
     p.add_argument("--train-max-len", type=int, help="shade the buckets beyond this training length")
+    p.add_argument("--mean", action="store_true", help="one line per model: mean +- std over its runs")
     p.set_defaults(func=cmd_plot)
     t = sub.add_parser("table", help="markdown table of several .length.json files")
     t.add_argument("inputs", nargs="+")
     t.add_argument("--out", help="also write the table here")
+    t.add_argument("--mean", action="store_true", help="one row per model: mean +- std over its runs")
     t.set_defaults(func=cmd_table)
     args = ap.parse_args()
     args.func(args)

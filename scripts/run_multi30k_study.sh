@@ -29,15 +29,17 @@
 # control run after all other runs.
 #
 # Train-short / test-long protocol (FLOATER Fig. 2): MAX_TRAIN_LEN=14 trains on pairs whose source has <= 14
-# words, into its own data, checkpoint and result directories, and adds BLEU by source length (EDGES).
+# words, into its own data, checkpoint and result directories, and adds BLEU by source length (EDGES), beside
+# which it puts the same model and seed trained on all lengths (ALL_LENGTHS_RUNS, default: OUT_DIR's parent's
+# runs/, i.e. the study without MAX_TRAIN_LEN) when that run used the same recipe.
 #
 # The runs take hours: to keep them on one fixed version of the code, run the script from a snapshot of a commit
 # (git archive HEAD | tar -x -C SNAP; CODE_VERSION=<commit> DATA_DIR=... CKPT_ROOT=... OUT_DIR=... absolute).
 #
 # Variables: PAIR (en-de), MODELS, SEEDS (1 2 3), EPOCHS (8), WARMUP (500 updates: with 250 the transformer failed
 # on seed 3, results/multi30k_study/probe.md), LR (0.005), FT_EPOCHS (3), FT_WARMUP (50), AVG (3), FT_AVG (2),
-# VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096),
-# BEAM (5), LENPEN (1), JOBS, THREADS, MAX_TRAIN_LEN, EDGES, MULTI30K_DIR (../shared/data/multi30k); DATA_DIR,
+# VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
+# MAX_TRAIN_LEN, EDGES, ALL_LENGTHS_RUNS, MULTI30K_DIR (../shared/data/multi30k); DATA_DIR,
 # CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN], checkpoints/multi30k_study[_lenN],
 # results/multi30k_study[/lenN]). A finished run records the recipe; asking for another recipe is an error.
 set -euo pipefail
@@ -143,11 +145,38 @@ tabulate() {
     python scripts/study_table.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
       --title "Multi30k $SRC-$TGT: validation loss (${MAX_TRAIN_LEN:+train <= $MAX_TRAIN_LEN words, }one line per seed)"
   fi
-  if [ -n "$MAX_TRAIN_LEN" ] && compgen -G "$OUT/runs/*.length.json" > /dev/null; then
-    python scripts/length_eval.py table "$OUT"/runs/*.length.json --out "$OUT/length_table.md" > /dev/null
-    python scripts/length_eval.py plot "$OUT"/runs/*.length.json --out "$OUT/length.png" \
-      --train-max-len "$MAX_TRAIN_LEN" --title "Multi30k $SRC-$TGT: BLEU by source length" > /dev/null
-  fi
+  [ -n "$MAX_TRAIN_LEN" ] || return 0
+  # BLEU by source length: every finished run, and the same model and seed trained on all lengths with this
+  # recipe (ALL_LENGTHS_RUNS: the study's results without MAX_TRAIN_LEN), which saw the long buckets in training
+  local all_lengths=${ALL_LENGTHS_RUNS:-$(dirname "$OUT")/runs} m s name other inputs=()
+  for m in $MODELS; do
+    for s in $SEEDS; do
+      name=$m.seed$s
+      [ -s "$OUT/runs/$name.json" ] || continue
+      length_score "$OUT/runs/$name.hyp" "$m" "$name" "$OUT/runs/$name.length.json"
+      inputs+=("$OUT/runs/$name.length.json")
+      [ -s "$all_lengths/$name.json" ] || continue
+      other=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["recipe"])' "$all_lengths/$name.json")
+      if [ "$other" == "${RECIPE/max_train_len=$MAX_TRAIN_LEN /max_train_len=none }" ]; then
+        length_score "$all_lengths/$name.hyp" "$m" "$name" "$OUT/all_lengths/$name.length.json" \
+          --note "trained on all lengths"
+        inputs+=("$OUT/all_lengths/$name.length.json")
+      else
+        rm -f "$OUT/all_lengths/$name.length.json"
+        echo "== $name trained on all lengths: $all_lengths/$name.json has another recipe; not compared"
+      fi
+    done
+  done
+  (( ${#inputs[@]} )) || return 0
+  python scripts/length_eval.py table "${inputs[@]}" --mean --out "$OUT/length_table.md" > /dev/null
+  python scripts/length_eval.py table "${inputs[@]}" --out "$OUT/length_runs.md" > /dev/null
+  python scripts/length_eval.py plot "${inputs[@]}" --mean --out "$OUT/length.png" --train-max-len "$MAX_TRAIN_LEN" \
+    --title "Multi30k $SRC-$TGT: BLEU by source length (trained on <= $MAX_TRAIN_LEN words)" > /dev/null
+}
+
+length_score() {  # HYP MODEL NAME OUT [--note NOTE]: sacreBLEU per source-length bucket of test
+  python scripts/length_eval.py score --hyp "$1" --model "$2" --name "$3" --out "$4" "${@:5}" --edges "$EDGES" \
+    --src "$DATA/raw/test.$SRC" --ref "$DATA/raw/test.$TGT" > /dev/null
 }
 
 copy() { cp "$1" "$2.tmp" && mv "$2.tmp" "$2"; }
@@ -230,10 +259,6 @@ PY
     python scripts/study_table.py retrain-note --recorded "$result" --test-json "$dir/test.json" \
       --out "$dir/retrain.txt" | sed "s/^/== $name: /"
     return 0
-  fi
-  if [ -n "$MAX_TRAIN_LEN" ]; then
-    python scripts/length_eval.py score --name "$name" --edges "$EDGES" --src "$DATA/raw/test.$SRC" \
-      --ref "$DATA/raw/test.$TGT" --hyp "$dir/test.hyp" --out "$OUT/runs/$name.length.json" > /dev/null
   fi
   # how much the model uses its source (a failed run can have a plausible loss and fluent, unrelated output)
   python scripts/source_dependence.py "$DATA/bin" "$dir/average.pt" --json "$OUT/source_dependence/$name.json" \

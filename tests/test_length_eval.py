@@ -68,3 +68,49 @@ def test_score_table_and_plot_cli(tmp_path):
     run([sys.executable, "scripts/length_eval.py", "plot", *outs, "--out", str(png), "--train-max-len", "15"])
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_mean_over_seeds_and_reference_condition(tmp_path):
+    """--mean: one row per (model, note) with the mean and sample std of its runs' scores in every bucket; a run
+    scored with --note is its own row; runs scored on different test sets are refused."""
+    src, ref, _ = _corpus(tmp_path)
+    rng = random.Random(1)
+    outs = {}
+    for name, model, keep, note in (("t.seed1", "t", 2, None), ("t.seed2", "t", 3, None), ("t.seed3", "t", 5, None),
+                                    ("t.seed1", "t", 7, "trained on all lengths")):
+        hyp = tmp_path / f"{name}.{keep}.hyp"
+        hyp.write_text("\n".join(r if rng.randrange(keep) else "a b" for r in ref) + "\n")
+        out = tmp_path / f"{name}.{keep}.length.json"
+        run([sys.executable, "scripts/length_eval.py", "score", "--name", name, "--model", model,
+             "--src", str(tmp_path / "src"), "--ref", str(tmp_path / "ref"), "--hyp", str(hyp), "--edges", "1,20,inf",
+             "--out", str(out)] + (["--note", note] if note else []))
+        outs[(name, note)] = json.loads(out.read_text()) | {"path": str(out)}
+    table = run([sys.executable, "scripts/length_eval.py", "table", "--mean",
+                 *(o["path"] for o in outs.values())]).stdout.splitlines()
+    assert len(table) == 5
+    seeds = [o for (name, note), o in outs.items() if note is None]
+    cells = [c.strip() for c in table[3].strip("|").split("|")]
+    for col, values in enumerate([[o["bleu"] for o in seeds]] +
+                                 [[o["buckets"][i]["bleu"] for o in seeds] for i in range(2)]):
+        mean = sum(values) / 3
+        std = (sum((v - mean) ** 2 for v in values) / 2) ** 0.5
+        assert std > 0.5 and cells[1 + col] == f"{mean:.1f} ± {std:.1f}"
+    assert cells[0] == "t (3 runs)"
+    ref_run = outs[("t.seed1", "trained on all lengths")]
+    assert table[4] == (f"| t (1 run), trained on all lengths | {ref_run['bleu']:.1f} | "
+                        + " | ".join(f"{b['bleu']:.1f}" for b in ref_run["buckets"]) + " |")
+    png = tmp_path / "mean.png"
+    run([sys.executable, "scripts/length_eval.py", "plot", "--mean", *(o["path"] for o in outs.values()),
+         "--out", str(png), "--train-max-len", "19"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    other = tmp_path / "other"
+    other.mkdir()
+    _corpus(other, seed=5)
+    run([sys.executable, "scripts/length_eval.py", "score", "--name", "x", "--src", str(other / "src"),
+         "--ref", str(other / "ref"), "--hyp", str(other / "hyp"), "--edges", "1,20,inf", "--out", str(other / "x.json")])
+    proc = run([sys.executable, "scripts/length_eval.py", "table", "--mean", seeds[0]["path"], str(other / "x.json")],
+               check=False)
+    assert proc.returncode != 0 and proc.stdout.strip().splitlines() == [
+        "length_eval.py: the inputs were scored on different test sets (their buckets hold different numbers of "
+        "sentences)"]

@@ -136,16 +136,38 @@ def test_a_run_another_study_process_holds_is_left_to_it(corpus, tmp_path):
 
 
 def test_train_short_test_long_protocol(corpus, tmp_path):
-    """MAX_TRAIN_LEN: training pairs with at most that many source words, BLEU by source length beside each
-    run's result, and the study table reads only the run results (not the by-length files)."""
-    out = study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1", MAX_TRAIN_LEN="10",
-                EDGES="1,11,21").stdout
-    train = (tmp_path / "data" / "raw" / "train.en").read_text(encoding="utf-8").splitlines()
+    """MAX_TRAIN_LEN: training pairs with at most that many source words, BLEU by source length for each run
+    and, beside it, for the same model and seed trained on all lengths with the same recipe (the study without
+    MAX_TRAIN_LEN); the study table reads only the run results (not the by-length files)."""
+    study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1")
+    results = tmp_path / "results"
+    short = {"MODELS": "transformer", "SEEDS": "1", "JOBS": "1", "MAX_TRAIN_LEN": "10", "EDGES": "1,11,21",
+             "DATA_DIR": str(tmp_path / "data10"), "CKPT_ROOT": str(tmp_path / "ckpt10"),
+             "OUT_DIR": str(results / "len10")}
+    out = study(corpus, tmp_path, **short).stdout
+    train = (tmp_path / "data10" / "raw" / "train.en").read_text(encoding="utf-8").splitlines()
     assert train and max(len(line.split()) for line in train) == 10
-    by_length = json.loads((tmp_path / "results" / "runs" / "transformer.seed1.length.json").read_text())
+    by_length = json.loads((results / "len10" / "runs" / "transformer.seed1.length.json").read_text())
     assert [b["sentences"] for b in by_length["buckets"]] == [26, 34]  # the test set's 1-10 and 11-20 words
-    assert "| transformer | 1/1 |" in (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
-    assert (tmp_path / "results" / "length_table.md").is_file() and "results:" in out
+    assert by_length["model"] == "transformer" and by_length["note"] is None
+    reference = json.loads((results / "len10" / "all_lengths" / "transformer.seed1.length.json").read_text())
+    assert reference["note"] == "trained on all lengths" and reference["hyp"] == [
+        str(results / "runs" / "transformer.seed1.hyp")]
+    assert [b["sentences"] for b in reference["buckets"]] == [26, 34]
+    length_table = (results / "len10" / "length_table.md").read_text(encoding="utf-8").splitlines()
+    assert [row.split(" | ")[0] for row in length_table[3:]] == [
+        "| transformer (1 run)", "| transformer (1 run), trained on all lengths"]
+    assert "| transformer | 1/1 |" in (results / "len10" / "table.md").read_text(encoding="utf-8")
+    assert (results / "len10" / "length.png").is_file() and "results:" in out
+
+    # a reference trained with another recipe is named and left out, never compared silently
+    recorded = results / "runs" / "transformer.seed1.json"
+    recorded.write_text(recorded.read_text().replace("beam=5", "beam=4"))
+    out = study(corpus, tmp_path, **short).stdout
+    assert ": training " not in out  # nothing retrained
+    assert "== transformer.seed1 trained on all lengths: " in out and "has another recipe; not compared" in out
+    assert not (results / "len10" / "all_lengths" / "transformer.seed1.length.json").exists()
+    assert len((results / "len10" / "length_table.md").read_text(encoding="utf-8").splitlines()) == 4
 
 
 @pytest.mark.parametrize("overrides, message", [
