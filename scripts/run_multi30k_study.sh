@@ -138,9 +138,11 @@ die() { echo "run_multi30k_study.sh: $*" >&2; exit 1; }
 
 # The table from every finished run (after each run too, so that it is current while the study goes on).
 tabulate() {
+  local long=()  # train-short runs: the table again on the test sentences longer than any training sentence
+  [ -z "$MAX_TRAIN_LEN" ] || long=(--long-src "$DATA/raw/test.$SRC" --longer-than "$MAX_TRAIN_LEN")
   python scripts/study_table.py table --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
     --sentences "$(awk 'END { print NR }' "$DATA/raw/test.$TGT")" --out "$OUT" \
-    --source-dependence "$OUT/source_dependence"
+    --source-dependence "$OUT/source_dependence" "${long[@]}"
   if compgen -G "$OUT/runs/*.json" > /dev/null; then
     python scripts/study_table.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
       --title "Multi30k $SRC-$TGT: validation loss (${MAX_TRAIN_LEN:+train <= $MAX_TRAIN_LEN words, }one line per seed)"

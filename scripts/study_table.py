@@ -190,13 +190,33 @@ def compare(runs, model, ref_model, seeds):
     common = [s for s in seeds if (model, s) in runs and (ref_model, s) in runs]
     if not common:
         return None
-    refs = read_lines(runs[(ref_model, common[0])]["reference"])
+    refs = runs[(ref_model, common[0])].get("_refs") or read_lines(runs[(ref_model, common[0])]["reference"])
     per_seed = {s: paired_p(refs, runs[(ref_model, s)]["_hyps"], runs[(model, s)]["_hyps"]) for s in common}
     pooled = paired_p(refs * len(common), sum((runs[(ref_model, s)]["_hyps"] for s in common), []),
                       sum((runs[(model, s)]["_hyps"] for s in common), []))
     delta = {k: statistics.mean(runs[(model, s)][k] - runs[(ref_model, s)][k] for s in common)
              for k in ("bleu", "bleu_tok_lc")}
     return {"seeds": common, "per_seed_p": per_seed, "pooled_p": pooled, "delta": delta}
+
+
+def restrict(runs, long_src, longer_than):
+    """The runs on the test sentences whose source has more than longer_than words, both metrics recomputed on
+    them (runs trained on shorter pairs: the sentences longer than any in training). Returns (runs, count)."""
+    if not runs:
+        return runs, 0
+    src = read_lines(long_src)
+    keep = [i for i, line in enumerate(src) if len(line.split()) > longer_than]
+    refs = None
+    out = {}
+    for key, run in runs.items():
+        refs = refs or read_lines(run["reference"])
+        if len(src) != len(refs):
+            fail(f"--long-src {long_src} has {len(src)} lines for {len(refs)} in {run['reference']}")
+        hyps, sub_refs = [run["_hyps"][i] for i in keep], [refs[i] for i in keep]
+        out[key] = {**run, "_hyps": hyps, "_refs": sub_refs,
+                    "bleu": round(sacrebleu.corpus_bleu(hyps, [sub_refs]).score, 2),
+                    "bleu_tok_lc": round(tokenized_bleu(hyps, sub_refs, lowercase=True, compounds=False).score, 2)}
+    return out, len(keep)
 
 
 def mean_std(values):
@@ -245,24 +265,9 @@ def per_run_lines(runs, models, seeds, dep_dir, summary):
     return lines
 
 
-def table(args):
-    models, seeds = args.models.split(), [int(s) for s in args.seeds.split()]
-    runs = load_runs(args.runs)
-    expected = [(m, s) for m in models for s in seeds]
-    done = [k for k in expected if k in runs]
-    baseline = args.baseline
-    signatures = sorted({run["sacrebleu_signature"] for run in runs.values()}) or ["(no run yet)"]
-    lines = []
-    if len(done) < len(expected):
-        per_model = ", ".join(f"{m} {sum((m, s) in runs for s in seeds)}/{len(seeds)}" for m in models)
-        lines += [f"**PARTIAL: {len(done)} of {len(expected)} runs done** (seeds done: {per_model}).", ""]
-    lines += [f"Multi30k {args.pair} test_2016_flickr ({args.sentences} sentences); mean ± std over seeds. "
-              f"tok-lc: {METHOD_LOWERCASE}; sacreBLEU: {', '.join(f'`{x}`' for x in signatures)}. p: sacrebleu paired bootstrap "
-              f"({SAMPLES} resamples) against {baseline}, pooled over the common seeds (per seed in brackets).", "",
-              "| model | seeds | BLEU tok-lc | sacreBLEU | Δ tok-lc vs " + baseline + " | p tok-lc | p sacreBLEU |",
-              "|---|---|---|---|---|---|---|"]
-    summary = {"models": {}, "claims": [], "expected_runs": len(expected), "done_runs": len(done),
-               "samples": SAMPLES, "alpha": ALPHA}
+def model_rows(runs, models, seeds, baseline, summary_models):
+    lines = ["| model | seeds | BLEU tok-lc | sacreBLEU | Δ tok-lc vs " + baseline + " | p tok-lc | p sacreBLEU |",
+             "|---|---|---|---|---|---|---|"]
     for m in models:
         have = [s for s in seeds if (m, s) in runs]
         tok = [runs[(m, s)]["bleu_tok_lc"] for s in have]
@@ -277,25 +282,62 @@ def table(args):
                 cells[4] = f"{cmp['delta']['bleu_tok_lc']:+.2f}"
                 cells[5] = f"{fmt_p(cmp['pooled_p']['bleu_tok_lc'])} ({per('bleu_tok_lc')})"
                 cells[6] = f"{fmt_p(cmp['pooled_p']['bleu'])} ({per('bleu')})"
-        summary["models"][m] = entry
+        summary_models[m] = entry
         lines.append("| " + " | ".join(cells) + " |")
-    lines += per_run_lines(runs, models, seeds, args.source_dependence, summary)
-    lines += ["", f"The papers' claims (verdict on tok-lc BLEU, pooled paired bootstrap, significant at p < {ALPHA}):", "",
-              "| claim | seeds | Δ tok-lc | p tok-lc | Δ sacreBLEU | p sacreBLEU | reproduces here? |",
-              "|---|---|---|---|---|---|---|"]
+    return lines
+
+
+def claim_rows(runs, models, seeds, summary_claims, suffix=""):
+    lines = ["| claim | seeds | Δ tok-lc | p tok-lc | Δ sacreBLEU | p sacreBLEU | reproduces here? |",
+             "|---|---|---|---|---|---|---|"]
     for claim, m, ref in CLAIMS:
         if m not in models or ref not in models:
             continue
+        claim += suffix
         cmp = compare(runs, m, ref, seeds)
         if cmp is None:
             lines.append(f"| {claim} | 0 | | | | | not run yet |")
             continue
-        at_least = ">=" in claim
-        v = verdict(cmp, at_least=at_least)
-        summary["claims"].append({"claim": claim, "model": m, "reference": ref, "verdict": v, **cmp})
+        v = verdict(cmp, at_least=">=" in claim)
+        summary_claims.append({"claim": claim, "model": m, "reference": ref, "verdict": v, **cmp})
         lines.append(f"| {claim} | {len(cmp['seeds'])} | {cmp['delta']['bleu_tok_lc']:+.2f} | "
                      f"{fmt_p(cmp['pooled_p']['bleu_tok_lc'])} | {cmp['delta']['bleu']:+.2f} | "
                      f"{fmt_p(cmp['pooled_p']['bleu'])} | {v} |")
+    return lines
+
+
+def table(args):
+    if (args.long_src is None) != (args.longer_than is None):
+        fail("--long-src and --longer-than go together (the test sources, and the longest training source in words)")
+    models, seeds = args.models.split(), [int(s) for s in args.seeds.split()]
+    runs = load_runs(args.runs)
+    expected = [(m, s) for m in models for s in seeds]
+    done = [k for k in expected if k in runs]
+    baseline = args.baseline
+    signatures = sorted({run["sacrebleu_signature"] for run in runs.values()}) or ["(no run yet)"]
+    lines = []
+    if len(done) < len(expected):
+        per_model = ", ".join(f"{m} {sum((m, s) in runs for s in seeds)}/{len(seeds)}" for m in models)
+        lines += [f"**PARTIAL: {len(done)} of {len(expected)} runs done** (seeds done: {per_model}).", ""]
+    lines += [f"Multi30k {args.pair} test_2016_flickr ({args.sentences} sentences); mean ± std over seeds. "
+              f"tok-lc: {METHOD_LOWERCASE}; sacreBLEU: {', '.join(f'`{x}`' for x in signatures)}. p: sacrebleu paired bootstrap "
+              f"({SAMPLES} resamples) against {baseline}, pooled over the common seeds (per seed in brackets).", ""]
+    summary = {"models": {}, "claims": [], "expected_runs": len(expected), "done_runs": len(done),
+               "samples": SAMPLES, "alpha": ALPHA}
+    lines += model_rows(runs, models, seeds, baseline, summary["models"])
+    lines += per_run_lines(runs, models, seeds, args.source_dependence, summary)
+    lines += ["", f"The papers' claims (verdict on tok-lc BLEU, pooled paired bootstrap, significant at p < {ALPHA}):", ""]
+    lines += claim_rows(runs, models, seeds, summary["claims"])
+    if args.long_src:
+        long_runs, count = restrict(runs, args.long_src, args.longer_than)
+        beyond = summary["beyond_training_lengths"] = {"longer_than": args.longer_than, "sentences": count,
+                                                       "models": {}, "claims": []}
+        lines += ["", f"Beyond the training lengths: the {count} test sentences whose source has more than "
+                  f"{args.longer_than} words (longer than any training sentence), both metrics and the paired "
+                  "bootstrap on them alone:", ""]
+        lines += model_rows(long_runs, models, seeds, baseline, beyond["models"])
+        lines += [""] + claim_rows(long_runs, models, seeds, beyond["claims"],
+                                   f", beyond {args.longer_than} words")
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
     write_atomic(os.path.join(args.out, "table.md"), text)
@@ -356,6 +398,8 @@ def main():
     t.add_argument("--sentences", default="1000")
     t.add_argument("--out", required=True, help="directory for table.md and summary.json")
     t.add_argument("--source-dependence", help="directory of scripts/source_dependence.py JSONs, MODEL.seedS.json")
+    t.add_argument("--long-src", help="the test sources: adds the table on the sentences longer than --longer-than")
+    t.add_argument("--longer-than", type=int, help="the training runs' longest source, in words (MAX_TRAIN_LEN)")
     n = sub.add_parser("retrain-note")
     n.add_argument("--recorded", required=True, help="the recorded run's JSON")
     n.add_argument("--test-json", required=True, help="scripts/generate.sh output of the run trained again")

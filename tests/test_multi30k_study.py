@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 
 import pytest
+import sacrebleu
 
 from conftest import REPO, run
 
@@ -97,6 +98,32 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
     assert "**PARTIAL: 4 of 6 runs done** (seeds done: transformer 2/3, floater_warm 2/3)" in (
         tmp_path / "partial" / "table.md").read_text(encoding="utf-8")
 
+    # the table again on the test sentences longer than a training limit: both metrics recomputed on them alone
+    src = (corpus / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()
+    refs = (corpus / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
+    keep = [i for i, line in enumerate(src) if len(line.split()) > 10]
+    assert 0 < len(keep) < len(src)
+    run([sys.executable, "scripts/study_table.py", "table", "--runs", str(results / "runs"), "--models",
+         " ".join(MODELS), "--seeds", "1 2", "--long-src", str(corpus / "test_2016_flickr.en"), "--longer-than", "10",
+         "--out", str(tmp_path / "long")])
+    beyond = json.loads((tmp_path / "long" / "summary.json").read_text())["beyond_training_lengths"]
+    assert beyond["sentences"] == len(keep) and beyond["longer_than"] == 10
+    for model in MODELS:
+        hyps = [(results / "runs" / f"{model}.seed{s}.hyp").read_text(encoding="utf-8").splitlines() for s in SEEDS]
+        assert beyond["models"][model]["bleu_tok_lc"] == [round(tokenized_bleu(
+            [h[i] for i in keep], [refs[i] for i in keep], lowercase=True, compounds=False).score, 2) for h in hyps]
+        assert beyond["models"][model]["bleu"] == [round(sacrebleu.corpus_bleu(
+            [h[i] for i in keep], [[refs[i] for i in keep]]).score, 2) for h in hyps]
+    assert beyond["models"]["floater_warm"]["vs_transformer"]["seeds"] == [1, 2]
+    assert "FLOATER > sinusoidal, paper's protocol (Liu et al. 2020, Table 2), beyond 10 words" in (
+        tmp_path / "long" / "table.md").read_text(encoding="utf-8")
+    alone = run([sys.executable, "scripts/study_table.py", "table", "--runs", str(results / "runs"), "--models",
+                 "transformer", "--seeds", "1", "--longer-than", "10", "--out", str(tmp_path / "bad")], check=False)
+    assert alone.returncode != 0 and alone.stdout.strip().splitlines() == [
+        "study_table.py: --long-src and --longer-than go together (the test sources, and the longest training "
+        "source in words)"]
+    assert not (tmp_path / "bad").exists()
+
 
 def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpus, tmp_path):
     """Checkpoints stay on the machine that trained them. In a new session (no checkpoints, the results kept) a
@@ -157,7 +184,9 @@ def test_train_short_test_long_protocol(corpus, tmp_path):
     length_table = (results / "len10" / "length_table.md").read_text(encoding="utf-8").splitlines()
     assert [row.split(" | ")[0] for row in length_table[3:]] == [
         "| transformer (1 run)", "| transformer (1 run), trained on all lengths"]
-    assert "| transformer | 1/1 |" in (results / "len10" / "table.md").read_text(encoding="utf-8")
+    table = (results / "len10" / "table.md").read_text(encoding="utf-8")
+    assert "| transformer | 1/1 |" in table and "Beyond the training lengths: the 34 test sentences whose source " \
+        "has more than 10 words" in table
     assert (results / "len10" / "length.png").is_file() and "results:" in out
 
     # a reference trained with another recipe is named and left out, never compared silently
