@@ -106,8 +106,14 @@ def cmd_score(args):
 def load_results(paths):
     results = []
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            results.append(json.load(f))
+        try:
+            with open(path, encoding="utf-8") as f:
+                result = json.load(f)
+            if not {"name", "bleu", "sentences", "buckets"} <= set(result):
+                raise ValueError("lacks name, bleu, sentences or buckets")
+        except (OSError, ValueError) as err:
+            sys.exit(f"length_eval.py: {path} is not a result of length_eval.py score ({err})")
+        results.append(result)
     labels = [b["bucket"] for b in results[0]["buckets"]]
     if any([b["bucket"] for b in r["buckets"]] != labels for r in results):
         sys.exit("length_eval.py: the inputs use different buckets; score them with the same --edges")

@@ -114,3 +114,9 @@ def test_mean_over_seeds_and_reference_condition(tmp_path):
     assert proc.returncode != 0 and proc.stdout.strip().splitlines() == [
         "length_eval.py: the inputs were scored on different test sets (their buckets hold different numbers of "
         "sentences)"]
+    (other / "summary.json").write_text('{"models": {}}')
+    proc = run([sys.executable, "scripts/length_eval.py", "table", str(other / "x.json"), str(other / "summary.json")],
+               check=False)
+    assert proc.returncode != 0 and proc.stdout.strip().splitlines() == [
+        f"length_eval.py: {other / 'summary.json'} is not a result of length_eval.py score "
+        "(lacks name, bleu, sentences or buckets)"]
