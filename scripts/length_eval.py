@@ -175,7 +175,7 @@ def cmd_plot(args):
     import matplotlib.pyplot as plt
 
     results, labels, counts = load_results(args.inputs)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
     x = list(range(len(labels)))
     colours = {}  # one colour per model; its reference conditions (notes) dashed in the same colour
     for row in rows(results, args.mean):
@@ -195,7 +195,7 @@ def cmd_plot(args):
             ax.text(first - 0.4, ax.get_ylim()[1] * 0.97, "longer than any training sentence", va="top", fontsize=8)
     ax.set_title(args.title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside the axes: never over a line
     fig.tight_layout()
     write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     print(f"plot: {args.out}")

@@ -138,11 +138,11 @@ die() { echo "run_multi30k_study.sh: $*" >&2; exit 1; }
 
 # The table from every finished run (after each run too, so that it is current while the study goes on).
 tabulate() {
-  local long=()  # train-short runs: the table again on the test sentences longer than any training sentence
-  [ -z "$MAX_TRAIN_LEN" ] || long=(--long-src "$DATA/raw/test.$SRC" --longer-than "$MAX_TRAIN_LEN")
+  local split=()  # train-short runs: the table again on the test sentences within and beyond the training lengths
+  [ -z "$MAX_TRAIN_LEN" ] || split=(--split-src "$DATA/raw/test.$SRC" --split-at "$MAX_TRAIN_LEN")
   python scripts/study_table.py table --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
     --sentences "$(awk 'END { print NR }' "$DATA/raw/test.$TGT")" --out "$OUT" \
-    --source-dependence "$OUT/source_dependence" "${long[@]}"
+    --source-dependence "$OUT/source_dependence" "${split[@]}" ${split:+--split-note "longer than any training sentence"}
   if compgen -G "$OUT/runs/*.json" > /dev/null; then
     python scripts/study_table.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
       --title "Multi30k $SRC-$TGT: validation loss (${MAX_TRAIN_LEN:+train <= $MAX_TRAIN_LEN words, }one line per seed)"
@@ -150,7 +150,7 @@ tabulate() {
   [ -n "$MAX_TRAIN_LEN" ] || return 0
   # BLEU by source length: every finished run, and the same model and seed trained on all lengths with this
   # recipe (ALL_LENGTHS_RUNS: the study's results without MAX_TRAIN_LEN), which saw the long buckets in training
-  local all_lengths=${ALL_LENGTHS_RUNS:-$(dirname "$OUT")/runs} m s name other inputs=()
+  local all_lengths=${ALL_LENGTHS_RUNS:-$(dirname "$OUT")/runs} m s name other inputs=() compared=0 differ=0
   for m in $MODELS; do
     for s in $SEEDS; do
       name=$m.seed$s
@@ -163,13 +163,23 @@ tabulate() {
         length_score "$all_lengths/$name.hyp" "$m" "$name" "$OUT/all_lengths/$name.length.json" \
           --note "trained on all lengths"
         inputs+=("$OUT/all_lengths/$name.length.json")
+        compared=$((compared + 1))
       else
         rm -f "$OUT/all_lengths/$name.length.json"
+        differ=$((differ + 1))
         echo "== $name trained on all lengths: $all_lengths/$name.json has another recipe; not compared"
       fi
     done
   done
   (( ${#inputs[@]} )) || return 0
+  if (( compared && !differ )); then  # the references' own table, split at the same length
+    python scripts/study_table.py table --runs "$all_lengths" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
+      --sentences "$(awk 'END { print NR }' "$DATA/raw/test.$TGT")" --out "$OUT/all_lengths" \
+      --source-dependence "$(dirname "$all_lengths")/source_dependence" \
+      --ref "$DATA/raw/test.$TGT" "${split[@]}" --split-note "seen in training" > /dev/null
+  else
+    rm -f "$OUT/all_lengths/table.md" "$OUT/all_lengths/summary.json"
+  fi
   python scripts/length_eval.py table "${inputs[@]}" --mean --out "$OUT/length_table.md" > /dev/null
   python scripts/length_eval.py table "${inputs[@]}" --out "$OUT/length_runs.md" > /dev/null
   python scripts/length_eval.py plot "${inputs[@]}" --mean --out "$OUT/length.png" --train-max-len "$MAX_TRAIN_LEN" \

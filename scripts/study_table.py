@@ -199,19 +199,19 @@ def compare(runs, model, ref_model, seeds):
     return {"seeds": common, "per_seed_p": per_seed, "pooled_p": pooled, "delta": delta}
 
 
-def restrict(runs, long_src, longer_than):
-    """The runs on the test sentences whose source has more than longer_than words, both metrics recomputed on
-    them (runs trained on shorter pairs: the sentences longer than any in training). Returns (runs, count)."""
+def restrict(runs, split_src, split_at, longer):
+    """The runs on the test sentences whose source has more than split_at words (longer=True) or at most that
+    many (longer=False), both metrics recomputed on them. Returns (runs, count)."""
     if not runs:
         return runs, 0
-    src = read_lines(long_src)
-    keep = [i for i, line in enumerate(src) if len(line.split()) > longer_than]
+    src = read_lines(split_src)
+    keep = [i for i, line in enumerate(src) if (len(line.split()) > split_at) == longer]
     refs = None
     out = {}
     for key, run in runs.items():
-        refs = refs or read_lines(run["reference"])
+        refs = refs or run.get("_refs") or read_lines(run["reference"])
         if len(src) != len(refs):
-            fail(f"--long-src {long_src} has {len(src)} lines for {len(refs)} in {run['reference']}")
+            fail(f"--split-src {split_src} has {len(src)} lines for {len(refs)} in {run['reference']}")
         hyps, sub_refs = [run["_hyps"][i] for i in keep], [refs[i] for i in keep]
         out[key] = {**run, "_hyps": hyps, "_refs": sub_refs,
                     "bleu": round(sacrebleu.corpus_bleu(hyps, [sub_refs]).score, 2),
@@ -307,10 +307,16 @@ def claim_rows(runs, models, seeds, summary_claims, suffix=""):
 
 
 def table(args):
-    if (args.long_src is None) != (args.longer_than is None):
-        fail("--long-src and --longer-than go together (the test sources, and the longest training source in words)")
+    if (args.split_src is None) != (args.split_at is None):
+        fail("--split-src and --split-at go together (the test sources, and a length in source words)")
     models, seeds = args.models.split(), [int(s) for s in args.seeds.split()]
     runs = load_runs(args.runs)
+    if args.ref:  # instead of the path each run recorded (which may be another machine's data directory)
+        refs = read_lines(args.ref)
+        for (m, s), run in runs.items():
+            if len(refs) != len(run["_hyps"]):
+                fail(f"--ref {args.ref} has {len(refs)} lines for {len(run['_hyps'])} hypotheses of {m} seed {s}")
+            run["_refs"] = refs
     expected = [(m, s) for m in models for s in seeds]
     done = [k for k in expected if k in runs]
     baseline = args.baseline
@@ -328,16 +334,17 @@ def table(args):
     lines += per_run_lines(runs, models, seeds, args.source_dependence, summary)
     lines += ["", f"The papers' claims (verdict on tok-lc BLEU, pooled paired bootstrap, significant at p < {ALPHA}):", ""]
     lines += claim_rows(runs, models, seeds, summary["claims"])
-    if args.long_src:
-        long_runs, count = restrict(runs, args.long_src, args.longer_than)
-        beyond = summary["beyond_training_lengths"] = {"longer_than": args.longer_than, "sentences": count,
-                                                       "models": {}, "claims": []}
-        lines += ["", f"Beyond the training lengths: the {count} test sentences whose source has more than "
-                  f"{args.longer_than} words (longer than any training sentence), both metrics and the paired "
-                  "bootstrap on them alone:", ""]
-        lines += model_rows(long_runs, models, seeds, baseline, beyond["models"])
-        lines += [""] + claim_rows(long_runs, models, seeds, beyond["claims"],
-                                   f", beyond {args.longer_than} words")
+    if args.split_src:  # e.g. runs trained on short pairs: the sentences within and beyond the training lengths
+        n, note = args.split_at, f" ({args.split_note})" if args.split_note else ""
+        for key, longer, heading in (("short_sources", False, f"at most {n} words"),
+                                     ("long_sources", True, f"more than {n} words{note}")):
+            part, count = restrict(runs, args.split_src, n, longer)
+            entry = summary[key] = {"split_at": n, "sentences": count, "models": {}, "claims": []}
+            lines += ["", f"The {count} test sentences whose source has {heading}: both metrics and the paired "
+                      "bootstrap on them alone.", ""]
+            lines += model_rows(part, models, seeds, baseline, entry["models"])
+            if longer:
+                lines += [""] + claim_rows(part, models, seeds, entry["claims"], f", sources > {n} words")
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
     write_atomic(os.path.join(args.out, "table.md"), text)
@@ -398,8 +405,13 @@ def main():
     t.add_argument("--sentences", default="1000")
     t.add_argument("--out", required=True, help="directory for table.md and summary.json")
     t.add_argument("--source-dependence", help="directory of scripts/source_dependence.py JSONs, MODEL.seedS.json")
-    t.add_argument("--long-src", help="the test sources: adds the table on the sentences longer than --longer-than")
-    t.add_argument("--longer-than", type=int, help="the training runs' longest source, in words (MAX_TRAIN_LEN)")
+    t.add_argument("--ref", help="the test references (default: the path each run recorded)")
+    t.add_argument("--split-src", help="the test sources: adds the table on the test sentences of at most and of "
+                                       "more than --split-at source words")
+    t.add_argument("--split-at", type=int, help="the length that splits the test set, in source words (e.g. the "
+                                                "training runs' MAX_TRAIN_LEN)")
+    t.add_argument("--split-note", help="what the longer sentences are to these runs, shown in their heading "
+                                        "(e.g. 'longer than any training sentence')")
     n = sub.add_parser("retrain-note")
     n.add_argument("--recorded", required=True, help="the recorded run's JSON")
     n.add_argument("--test-json", required=True, help="scripts/generate.sh output of the run trained again")

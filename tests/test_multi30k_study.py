@@ -104,10 +104,16 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
     keep = [i for i, line in enumerate(src) if len(line.split()) > 10]
     assert 0 < len(keep) < len(src)
     run([sys.executable, "scripts/study_table.py", "table", "--runs", str(results / "runs"), "--models",
-         " ".join(MODELS), "--seeds", "1 2", "--long-src", str(corpus / "test_2016_flickr.en"), "--longer-than", "10",
+         " ".join(MODELS), "--seeds", "1 2", "--split-src", str(corpus / "test_2016_flickr.en"), "--split-at", "10",
          "--out", str(tmp_path / "long")])
-    beyond = json.loads((tmp_path / "long" / "summary.json").read_text())["beyond_training_lengths"]
-    assert beyond["sentences"] == len(keep) and beyond["longer_than"] == 10
+    summary = json.loads((tmp_path / "long" / "summary.json").read_text())
+    beyond, within = summary["long_sources"], summary["short_sources"]
+    assert beyond["sentences"] == len(keep) and beyond["split_at"] == within["split_at"] == 10
+    assert within["sentences"] == len(src) - len(keep)
+    short = [i for i in range(len(src)) if i not in keep]
+    hyps = (results / "runs" / "transformer.seed2.hyp").read_text(encoding="utf-8").splitlines()
+    assert within["models"]["transformer"]["bleu"][1] == round(sacrebleu.corpus_bleu(
+        [hyps[i] for i in short], [[refs[i] for i in short]]).score, 2)
     for model in MODELS:
         hyps = [(results / "runs" / f"{model}.seed{s}.hyp").read_text(encoding="utf-8").splitlines() for s in SEEDS]
         assert beyond["models"][model]["bleu_tok_lc"] == [round(tokenized_bleu(
@@ -115,13 +121,12 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
         assert beyond["models"][model]["bleu"] == [round(sacrebleu.corpus_bleu(
             [h[i] for i in keep], [[refs[i] for i in keep]]).score, 2) for h in hyps]
     assert beyond["models"]["floater_warm"]["vs_transformer"]["seeds"] == [1, 2]
-    assert "FLOATER > sinusoidal, paper's protocol (Liu et al. 2020, Table 2), beyond 10 words" in (
+    assert "FLOATER > sinusoidal, paper's protocol (Liu et al. 2020, Table 2), sources > 10 words" in (
         tmp_path / "long" / "table.md").read_text(encoding="utf-8")
     alone = run([sys.executable, "scripts/study_table.py", "table", "--runs", str(results / "runs"), "--models",
-                 "transformer", "--seeds", "1", "--longer-than", "10", "--out", str(tmp_path / "bad")], check=False)
+                 "transformer", "--seeds", "1", "--split-at", "10", "--out", str(tmp_path / "bad")], check=False)
     assert alone.returncode != 0 and alone.stdout.strip().splitlines() == [
-        "study_table.py: --long-src and --longer-than go together (the test sources, and the longest training "
-        "source in words)"]
+        "study_table.py: --split-src and --split-at go together (the test sources, and a length in source words)"]
     assert not (tmp_path / "bad").exists()
 
 
@@ -185,9 +190,13 @@ def test_train_short_test_long_protocol(corpus, tmp_path):
     assert [row.split(" | ")[0] for row in length_table[3:]] == [
         "| transformer (1 run)", "| transformer (1 run), trained on all lengths"]
     table = (results / "len10" / "table.md").read_text(encoding="utf-8")
-    assert "| transformer | 1/1 |" in table and "Beyond the training lengths: the 34 test sentences whose source " \
-        "has more than 10 words" in table
+    assert "| transformer | 1/1 |" in table and "The 34 test sentences whose source has more than 10 words (longer " \
+        "than any training sentence): " in table
     assert (results / "len10" / "length.png").is_file() and "results:" in out
+    # the references' own table, split at the same length, from the test references of this data directory
+    reference_table = (results / "len10" / "all_lengths" / "table.md").read_text(encoding="utf-8")
+    assert "| transformer | 1/1 |" in reference_table and "The 34 test sentences whose source has more than " \
+        "10 words (seen in training): " in reference_table
 
     # a reference trained with another recipe is named and left out, never compared silently
     recorded = results / "runs" / "transformer.seed1.json"
@@ -196,6 +205,7 @@ def test_train_short_test_long_protocol(corpus, tmp_path):
     assert ": training " not in out  # nothing retrained
     assert "== transformer.seed1 trained on all lengths: " in out and "has another recipe; not compared" in out
     assert not (results / "len10" / "all_lengths" / "transformer.seed1.length.json").exists()
+    assert not (results / "len10" / "all_lengths" / "table.md").exists()
     assert len((results / "len10" / "length_table.md").read_text(encoding="utf-8").splitlines()) == 4
 
 
