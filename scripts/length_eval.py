@@ -22,9 +22,11 @@ import json
 import math
 import os
 import sys
-import tempfile
 
 import sacrebleu
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from study_table import temp_beside  # noqa: E402
 
 
 def read_lines(paths, what):
@@ -74,10 +76,7 @@ def score_buckets(src, ref, hyp, edges):
 def write_atomic(path, write):
     """write(tmp) to a temp name of its own beside path, then rename: two study runs finishing together may
     write the same table at once."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    os.close(fd)
+    tmp = temp_beside(path)
     try:
         write(tmp)
         os.chmod(tmp, 0o644)
@@ -90,8 +89,9 @@ def write_atomic(path, write):
 def cmd_score(args):
     src, ref, hyp = (read_lines(getattr(args, k), k) for k in ("src", "ref", "hyp"))
     buckets, overall = score_buckets(src, ref, hyp, parse_edges(args.edges))
-    result = {"name": args.name, "model": args.model or args.name, "note": args.note, "bleu": overall, "sentences": len(src), "buckets": buckets,
-              "length_unit": "source words", "src": args.src, "ref": args.ref, "hyp": args.hyp}
+    result = {"name": args.name, "model": args.model or args.name, "note": args.note, "bleu": overall,
+              "sentences": len(src), "buckets": buckets, "length_unit": "source words",
+              "src": args.src, "ref": args.ref, "hyp": args.hyp}
 
     def write(tmp):
         with open(tmp, "w", encoding="utf-8") as f:

@@ -138,10 +138,12 @@ die() { echo "run_multi30k_study.sh: $*" >&2; exit 1; }
 
 # The table from every finished run (after each run too, so that it is current while the study goes on).
 tabulate() {
-  local split=()  # train-short runs: the table again on the test sentences within and beyond the training lengths
+  # train-short runs: the table again on the test sentences within and beyond the training lengths
+  local sentences split=()
   [ -z "$MAX_TRAIN_LEN" ] || split=(--split-src "$DATA/raw/test.$SRC" --split-at "$MAX_TRAIN_LEN")
+  sentences=$(awk 'END { print NR }' "$DATA/raw/test.$TGT")
   python scripts/study_table.py table --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
-    --sentences "$(awk 'END { print NR }' "$DATA/raw/test.$TGT")" --out "$OUT" \
+    --sentences "$sentences" --out "$OUT" \
     --source-dependence "$OUT/source_dependence" "${split[@]}" ${split:+--split-note "longer than any training sentence"}
   if compgen -G "$OUT/runs/*.json" > /dev/null; then
     python scripts/study_table.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
@@ -174,7 +176,7 @@ tabulate() {
   (( ${#inputs[@]} )) || return 0
   if (( compared && !differ )); then  # the references' own table, split at the same length
     python scripts/study_table.py table --runs "$all_lengths" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
-      --sentences "$(awk 'END { print NR }' "$DATA/raw/test.$TGT")" --out "$OUT/all_lengths" \
+      --sentences "$sentences" --out "$OUT/all_lengths" \
       --source-dependence "$(dirname "$all_lengths")/source_dependence" \
       --ref "$DATA/raw/test.$TGT" "${split[@]}" --split-note "seen in training" > /dev/null
   else
