@@ -128,6 +128,12 @@ def _garbage(t):
 class _State:
     capturing = None  # the graph being captured
     pools = itertools.count(1)
+    captures = 0
+
+
+def capture_count():
+    """How many graphs have been captured under the emulation (in this process)."""
+    return _State.captures
 
 
 class Stream:
@@ -232,6 +238,7 @@ class CUDAGraph:
         recorder.__exit__(None, None, None)
         _State.capturing, self._recorder = None, None
         self._calls = recorder.calls
+        _State.captures += 1
         self._tensors = [t for call in recorder.calls for t in _tensors((call[1], call[2]))] + \
             [t for call in recorder.calls for _, t in call[3]]
         # the capture ran nothing on the device: what it allocated is garbage, what it wrote is unchanged

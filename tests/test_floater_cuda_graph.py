@@ -13,11 +13,13 @@
   those of the same ranks running the loop.
 """
 import argparse
+from pathlib import Path
 
 import pytest
 import torch
 
-from cuda_graph_emulation import CaptureError, emulated_cuda_graphs
+from cuda_graph_emulation import CaptureError, emulated_cuda_graphs, capture_count
+from precision_harness import MODES, cpu_fp16_optimizer, master_grads
 
 
 @pytest.fixture
@@ -83,3 +85,81 @@ def test_capture_on_the_default_stream_raises(emulation):
     g = torch.cuda.CUDAGraph()
     with pytest.raises(CaptureError):
         g.capture_begin()
+
+
+# -- fairseq's Trainer: the graph path's gradients are the loop's ---------------------------------------------
+
+UPDATES = 2
+# Both paths run the same operators on the same values (the graph solves its bucket's longer grid, whose first
+# rows are the loop's grid): equal to float32 rounding; fp16/bf16 solve in float32 too, then round the gradient
+# (measured on CPU: equal bit for bit in every mode).
+TOLERANCE = {"fp32": 1e-6, "amp": 1e-6, "fp16": 1e-3, "fp16-no-flatten-grads": 1e-3, "memory-efficient-fp16": 1e-3,
+             "bf16": 1e-2, "bf16-hydra": 1e-2, "memory-efficient-bf16": 1e-2}
+
+
+def graph_flags():
+    """(flags that turn the CUDA-graph solve on, flags that turn it off), whichever of --floater-cuda-graph
+    (off by default) and --floater-no-cuda-graph (on by default) the model's parser knows."""
+    from fairseq import utils
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+    parser = argparse.ArgumentParser()
+    ARCH_MODEL_REGISTRY["floater_transformer_tiny"].add_args(parser)
+    known = parser._option_string_actions
+    on = ["--floater-cuda-graph"] if "--floater-cuda-graph" in known else []
+    off = ["--floater-no-cuda-graph"] if "--floater-no-cuda-graph" in known else []
+    assert on or off, "neither --floater-cuda-graph nor --floater-no-cuda-graph"
+    return on, off
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from small_task import small_data
+
+    return small_data(tmp_path_factory)
+
+
+def _trainer(data, mode, flags, update_freq):
+    """fairseq's Trainer in `mode` with FLOATER's flows made non-trivial (at initialisation W2 = 0, which leaves
+    W1 and its bias without gradient), and an iterator over its groups of `update_freq` batches."""
+    from floater_helpers import randomize_flows
+    from precision_harness import build_trainer
+
+    mode_flags, overrides = MODES[mode]
+    trainer, batches = build_trainer(data, "floater_transformer_tiny",
+                                     [*mode_flags, *flags, "--update-freq", str(update_freq)], overrides)
+    randomize_flows(trainer.model)  # before the optimizer (and fp16's float32 copy) is built at the first step
+    return trainer, iter(lambda: [next(batches) for _ in range(update_freq)], None)
+
+
+def _relative_errors(got, want, names):
+    errors = {}
+    for p, q in zip(got.model.parameters(), want.model.parameters()):
+        g, w = master_grads(got)[id(p)], master_grads(want)[id(q)]
+        assert (g is None) == (w is None), f"{names[id(p)]}: a gradient in one path only"
+        if w is not None:
+            errors[names[id(p)]] = float((g.double() - w.double()).norm() / w.double().norm().clamp_min(1e-30))
+    return errors
+
+
+@pytest.mark.parametrize("update_freq", [1, 2, 3])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_graph_path_steps_with_the_loops_gradients(data, emulation, mode, update_freq, monkeypatch):
+    """Each update's gradient (what the optimizer steps with) on the CUDA-graph path equals the loop's, parameter
+    by parameter; gradient accumulation over 2 or 3 batches sums each batch's gradient."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    graph_on, graph_off = graph_flags()
+    with cpu_fp16_optimizer():
+        graphed, graphed_groups = _trainer(data, mode, graph_on, update_freq)
+        loop, loop_groups = _trainer(data, mode, graph_off, update_freq)
+        names = {id(p): name for name, p in graphed.model.named_parameters()}
+        captures = capture_count()
+        for update in range(UPDATES):
+            assert graphed.train_step(next(graphed_groups)) is not None
+            assert loop.train_step(next(loop_groups)) is not None
+            errors = _relative_errors(graphed, loop, names)
+            wrong = {name: f"{e:.3g}" for name, e in errors.items() if e > TOLERANCE[mode]}
+            assert not wrong, f"update {update}: gradients off the loop's (relative): {wrong}"
+        assert capture_count() > captures, "the graph path was not taken"
