@@ -13,13 +13,18 @@
   those of the same ranks running the loop.
 """
 import argparse
+import re
+import socket
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from cuda_graph_emulation import CaptureError, emulated_cuda_graphs, capture_count
-from precision_harness import MODES, cpu_fp16_optimizer, master_grads
+from cuda_graph_emulation import CaptureError, capture_count, emulated_cuda_graphs
+from floater_helpers import one_thread, randomize_flows  # noqa: F401  (one_thread: autouse fixture)
+from precision_harness import MODES, build_trainer, cpu_fp16_optimizer, master_grads
+from small_task import assert_same_model, kill_group, small_data, start, train_cmd
 
 
 @pytest.fixture
@@ -100,10 +105,8 @@ TOLERANCE = {"fp32": 1e-6, "amp": 1e-6, "fp16": 1e-3, "fp16-no-flatten-grads": 1
 def graph_flags():
     """(flags that turn the CUDA-graph solve on, flags that turn it off), whichever of --floater-cuda-graph
     (off by default) and --floater-no-cuda-graph (on by default) the model's parser knows."""
-    from fairseq import utils
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
     parser = argparse.ArgumentParser()
     ARCH_MODEL_REGISTRY["floater_transformer_tiny"].add_args(parser)
     known = parser._option_string_actions
@@ -115,17 +118,12 @@ def graph_flags():
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from small_task import small_data
-
     return small_data(tmp_path_factory)
 
 
 def _trainer(data, mode, flags, update_freq):
-    """fairseq's Trainer in `mode` with FLOATER's flows made non-trivial (at initialisation W2 = 0, which leaves
-    W1 and its bias without gradient), and an iterator over its groups of `update_freq` batches."""
-    from floater_helpers import randomize_flows
-    from precision_harness import build_trainer
-
+    """fairseq's Trainer in `mode` with FLOATER's flows made non-trivial (h ≡ 0 at initialisation leaves W1 and
+    its bias without gradient), and an iterator over its groups of `update_freq` batches."""
     mode_flags, overrides = MODES[mode]
     trainer, batches = build_trainer(data, "floater_transformer_tiny",
                                      [*mode_flags, *flags, "--update-freq", str(update_freq)], overrides)
@@ -145,11 +143,9 @@ def _relative_errors(got, want, names):
 
 @pytest.mark.parametrize("update_freq", [1, 2, 3])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_graph_path_steps_with_the_loops_gradients(data, emulation, mode, update_freq, monkeypatch):
+def test_graph_path_steps_with_the_loops_gradients(data, emulation, mode, update_freq):
     """Each update's gradient (what the optimizer steps with) on the CUDA-graph path equals the loop's, parameter
     by parameter; gradient accumulation over 2 or 3 batches sums each batch's gradient."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
     graph_on, graph_off = graph_flags()
     with cpu_fp16_optimizer():
         graphed, graphed_groups = _trainer(data, mode, graph_on, update_freq)
@@ -163,3 +159,50 @@ def test_graph_path_steps_with_the_loops_gradients(data, emulation, mode, update
             wrong = {name: f"{e:.3g}" for name, e in errors.items() if e > TOLERANCE[mode]}
             assert not wrong, f"update {update}: gradients off the loop's (relative): {wrong}"
         assert capture_count() > captures, "the graph path was not taken"
+
+
+# -- two gloo ranks, gradient accumulation through DDP's no_sync ----------------------------------------------
+
+MAX_UPDATE = 4  # from the second update on (h ≢ 0), the flows' fc1.bias gets a gradient
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_ranks(data, save, log_dir, backend, graph_flags_):
+    """Two ranks (gloo) of fairseq-train with --update-freq 2; the CUDA-graph emulation installed in each."""
+    init = f"tcp://127.0.0.1:{free_port()}"
+    extra = ["--find-unused-parameters"] if backend == "pytorch_ddp" else []
+    procs, captures = [], []
+    try:
+        for rank in (0, 1):
+            cmd = train_cmd(data, save, "floater_transformer_tiny", *graph_flags_, *extra, "--update-freq", "2",
+                            "--distributed-world-size", "2", "--distributed-backend", "gloo", "--ddp-backend", backend,
+                            "--distributed-init-method", init, "--distributed-rank", str(rank),
+                            "--distributed-no-spawn", max_update=MAX_UPDATE)
+            cmd = [sys.executable, str(Path(__file__).parent / "emulated_cuda_graph_train.py"), *cmd[1:]]
+            procs.append(start(cmd, log_dir / f"{save.name}_rank{rank}.log"))
+        for proc in procs:
+            proc.wait(timeout=600)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_group(proc)
+    for rank, proc in enumerate(procs):
+        log = (log_dir / f"{save.name}_rank{rank}.log").read_text()
+        assert proc.returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
+        assert f"num_updates={MAX_UPDATE}," in log or rank == 1
+        captures.append(int(re.search(r"emulated CUDA graphs captured: (\d+)", log).group(1)))
+    return save / "checkpoint_last.pt", captures
+
+
+@pytest.mark.parametrize("backend", ["legacy_ddp", "pytorch_ddp"])
+def test_two_ranks_on_the_graph_path_train_as_on_the_loop(data, tmp_path, backend):
+    graph_on, graph_off = graph_flags()
+    graphed, captures = _two_ranks(data, tmp_path / "graph", tmp_path, backend, graph_on)
+    loop, none = _two_ranks(data, tmp_path / "loop", tmp_path, backend, graph_off)
+    assert min(captures) > 0 and none == [0, 0], (captures, none)
+    assert_same_model(loop, graphed, rtol=1e-6)
