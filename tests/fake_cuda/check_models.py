@@ -89,7 +89,25 @@ def scenarios():
         out[f"{arch}/train"] = (arch, kw, train)
         out[f"{arch}/decode"] = (arch, kw, decode)
     out["floater_transformer_tiny/train_cuda_graph"] = ("floater_transformer_tiny", floater_kw(True), train_graphed)
+    out["controls"] = (None, {}, controls)
     return out
+
+
+def controls(_):
+    """What the checks must catch, each once (tests/test_fake_cuda.py expects these findings, at these lines)."""
+    x = torch.randn(3, 4, device="cuda")
+    try:
+        x + torch.arange(4.0).expand(3, 4)  # device mismatch: arange without device=
+    except RuntimeError:  # torch's own check, after the record
+        pass
+    bool(x.sum() > 0)  # host sync: a value read on the host
+    x.cpu()  # host sync: a copy from cuda to cpu
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x * 2
+        torch.zeros(3)  # cpu tensor in capture
+        y.sum().item()  # host sync in capture
+    graph.replay()
 
 
 def train_graphed(model):
@@ -98,10 +116,10 @@ def train_graphed(model):
 
 
 def run(name, arch, kw, fn):
-    model = build_cuda(arch, **kw)
+    model = build_cuda(arch, **kw) if arch else None
     with FakeCuda(LIB) as fc:
         try:
-            fn(to_cuda(model))
+            fn(to_cuda(model) if model is not None else None)
             ok, error = True, ""
         except Exception as err:  # noqa: BLE001  (reported, with where it happened)
             if os.environ.get("FAKE_CUDA_TRACEBACK"):

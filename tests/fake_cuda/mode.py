@@ -20,7 +20,7 @@ Inside ``with FakeCuda() as fc:`` every tensor is a fake tensor (shapes, dtypes 
   device work only, so such a tensor would be stale or the capture would fail.
 - every finding also when inside a capture (``in_capture``): a sync during capture is an error on a GPU.
 
-Each finding names the innermost frame outside torch and outside this package (``where``: path:line
+Each finding names the innermost frame outside torch and outside this file (``where``: path:line
 (function)), and the torch function it called (``via``), once per distinct (kind, op, where, in_capture).
 """
 import sys
@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 TORCH_DIR = str(Path(torch.__file__).resolve().parent)
-HERE = str(Path(__file__).resolve().parent)
+HERE = str(Path(__file__).resolve())
 SITE = str(Path(torch.__file__).resolve().parents[1])
 REPO = str(Path(__file__).resolve().parents[2])
 # torch's own frames between an operator call and a dispatch mode: not the torch function the code called
@@ -73,7 +73,7 @@ def _short(filename: str) -> str:
 
 
 def caller():
-    """(where, via): the innermost frame outside torch and outside this package, and the torch function it
+    """(where, via): the innermost frame outside torch and outside this file, and the torch function it
     called (the outermost torch frame below it; "" when it called an operator directly)."""
     frame, via = sys._getframe(1), ""
     while frame is not None:
@@ -81,7 +81,7 @@ def caller():
         if name.startswith(TORCH_DIR):
             if not name.startswith(DISPATCH_PLUMBING):
                 via = f"{_short(name)}:{frame.f_lineno} ({frame.f_code.co_name})"
-        elif not name.startswith(HERE):
+        elif name != HERE:
             return f"{_short(name)}:{frame.f_lineno} ({frame.f_code.co_name})", via
         frame = frame.f_back
     return "?", via
