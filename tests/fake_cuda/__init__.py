@@ -56,17 +56,17 @@ def build(cache_dir=None, timeout: float = 120) -> Path:
     flags = ["-shared", "-fPIC", "-O1", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w"]
     flags += [f"-I{p}" for p in cpp_extension.include_paths()]
     link = [f"-L{libs}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libs}"]  # rpath: loadable before torch is
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), torch.__version__, cxx, *flags, *link]).encode()).hexdigest()[:16]
+    key = "\0".join([SOURCE.read_text(), torch.__version__, cxx, *flags, *link])
+    key = hashlib.sha256(key.encode()).hexdigest()[:16]
     root = Path(cache_dir or os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
     out = root / f"fake_cuda_{key}" / "fake_cuda.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    try:
+    try:  # libraries after the source: linkers that drop unused libraries (--as-needed) judge them in order
         proc = subprocess.run([cxx, *flags, str(SOURCE), *link, "-o", str(tmp)], capture_output=True, text=True,
                               timeout=timeout)
-        # libraries after the source: linkers that drop unused libraries (--as-needed) judge them in order
     except subprocess.TimeoutExpired:
         raise BuildError(f"compiling {SOURCE.name} took over {timeout:.0f} s")
     if proc.returncode != 0:

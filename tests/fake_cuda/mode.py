@@ -41,8 +41,8 @@ HERE = str(Path(__file__).resolve())
 SITE = str(Path(torch.__file__).resolve().parents[1])
 REPO = str(Path(__file__).resolve().parents[2])
 # torch's own frames between an operator call and a dispatch mode: not the torch function the code called
-DISPATCH_PLUMBING = tuple(f"{TORCH_DIR}/{p}" for p in ("_compile.py", "_dynamo/", "_ops.py", "utils/_python_dispatch.py",
-                                                       "utils/_stats.py", "_subclasses/"))
+DISPATCH_PLUMBING = tuple(f"{TORCH_DIR}/{p}" for p in (
+    "_compile.py", "_dynamo/", "_ops.py", "utils/_python_dispatch.py", "utils/_stats.py", "_subclasses/"))
 
 # operators that read a tensor's value on the host
 READS_VALUE = {"_local_scalar_dense", "item", "is_nonzero", "equal", "allclose"}
