@@ -18,7 +18,7 @@ Inside ``with FakeCuda() as fc:`` every tensor is a fake tensor (shapes, dtypes 
 - ``cpu tensor in capture`` / ``host copy in capture``: a cpu tensor made, or a host<->device copy, while a
   CUDA graph capture is open (``torch.cuda.graph``, ``CUDAGraph.capture_begin``): a captured graph replays
   device work only, so such a tensor would be stale or the capture would fail.
-- every finding also when inside a capture (``in_capture``): a sync during capture is an error on a GPU.
+- each finding says whether a capture was open (``in_capture``): a sync during a capture is an error on a GPU.
 
 Each finding names the innermost frame outside torch and outside this file (``where``: path:line
 (function)), and the torch function it called (``via``), once per distinct (kind, op, where, in_capture).
