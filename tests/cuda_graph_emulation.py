@@ -317,7 +317,17 @@ def emulated_cuda_graphs(monkeypatch=None):
 
         monkeypatch.setattr(floater_rk4, "_capturable", _capturable)
         _reset_floater_graph_caches(floater_rk4, monkeypatch.setattr)
+        _reset_captures()
         yield
     finally:
+        _reset_captures()  # emulated graphs must not outlive the emulation
         if own:
             monkeypatch.undo()
+
+
+def _reset_captures():
+    try:
+        from fairseq_plugins.modules import floater_cuda_graph
+    except ImportError:  # code from before the module existed
+        return
+    floater_cuda_graph.reset()

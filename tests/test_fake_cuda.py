@@ -29,8 +29,8 @@ KNOWN_SYNCS = {
         "fairseq's `if has_pads:` (encoder_padding_mask.any()), twice per encoder forward",
     "fairseq/models/transformer/transformer_decoder.py (extract_features_scriptable)":
         "fairseq's `prev_output_tokens.eq(padding_idx).any()`, once per decoder forward and decoding step",
-    "fairseq_plugins/modules/floater_rk4.py (_graphed_kernel)":
-        "torch.cuda.make_graphed_callables synchronises around its warm-up, once per captured bucket",
+    "fairseq_plugins/modules/floater_cuda_graph.py (__init__)":
+        "torch.cuda.graph synchronises before each capture (forward and backward), once per captured bucket",
 }
 
 

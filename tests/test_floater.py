@@ -341,7 +341,7 @@ def test_flags_in_help_and_defaults(capsys):
     for flag in ("--floater-dt D grid spacing", "--floater-method SOLVER torchdiffeq solver",
                  "--floater-rtol R relative", "--floater-atol A absolute", "--floater-adjoint back-propagate",
                  "--floater-hidden H hidden width", "--floater-update-every N re-solve",
-                 "--floater-no-cuda-graph on CUDA", "--floater-layers {all,input} blocks"):
+                 "--floater-cuda-graph on CUDA, replay", "--floater-layers {all,input} blocks"):
         assert flag in text
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=[
         "data-bin", "--user-dir", "fairseq_plugins", "--arch", "floater_transformer_tiny"])
@@ -373,7 +373,7 @@ def test_adaptive_solver_and_adjoint_train():
 def test_archs_are_fairseqs_with_floater_defaults():
     floater_defaults = dict(floater_dt=0.1, floater_method="rk4", floater_rtol=1e-4, floater_atol=1e-6,
                             floater_adjoint=False, floater_hidden=None, floater_update_every=1, floater_layers="all",
-                            floater_no_cuda_graph=False)
+                            floater_cuda_graph=False)
     for suffix in ("", "_wmt_en_de", "_vaswani_wmt_en_de_big", "_vaswani_wmt_en_fr_big", "_tiny"):
         ours, theirs = argparse.Namespace(), argparse.Namespace()
         ARCH_CONFIG_REGISTRY["floater_transformer" + suffix](ours)

@@ -130,26 +130,25 @@ def test_default_solve_on_cuda_has_no_host_sync(cuda_graph):
 
 
 def test_captured_solve_path_buckets_lengths_and_keeps_values(monkeypatch):
-    """The CUDA-graph path's logic on CPU (capture replaced by the plain kernel): a length solves its bucket's
-    grid and keeps its first rows, values and gradients as the plain loop; one capture per bucket and shapes."""
+    """The CUDA-graph path on CPU through the emulation of CUDA graphs (replays overwrite static buffers): a length
+    solves its bucket's grid and keeps its first rows, values and gradients as the plain loop; a forward and a
+    backward graph per bucket; a longer bucket replaces the shared tape (and recaptures a shorter one later)."""
+    from cuda_graph_emulation import capture_count, emulated_cuda_graphs
+
     assert [floater_rk4.graph_bucket(n) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129, 200)] == \
         [16, 16, 24, 24, 32, 48, 64, 96, 128, 192, 256]
-    captures = []
-
-    def fake_capture(fn, samples, allow_unused_input=False):
-        captures.append([tuple(a.shape) for a in samples])
-        return fn
-
-    monkeypatch.setattr(floater_rk4, "_GRAPHS", {})
-    monkeypatch.setattr(floater_rk4, "_capturable", lambda y0, args, first_index: first_index == 0)
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_capture)
-    flows, initial = random_flows(rows=(5, 2, 3))
-    plain = [FloaterFlow(6, 7, FloaterSettings(cuda_graph=False)).double() for _ in flows]
-    for a, b in zip(plain, flows):
-        a.load_state_dict(b.state_dict())
-    for points in (21, 19, 30):
-        graphed = values_and_gradients(solve_flows(flows, initial, points), flows, initial)
-        reference = values_and_gradients(solve_flows(plain, initial, points), plain, initial)
-        for a, b in zip([*graphed[0], *graphed[1]], [*reference[0], *reference[1]]):
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
-    assert len(captures) == 2  # buckets 24 (21 and 19 positions) and 32
+    with emulated_cuda_graphs(monkeypatch):
+        flows, initial = random_flows(rows=(5, 2, 3), cuda_graph=True)
+        plain = [FloaterFlow(6, 7, FloaterSettings(cuda_graph=False)).double() for _ in flows]
+        for a, b in zip(plain, flows):
+            a.load_state_dict(b.state_dict())
+        captures = []
+        for points in (21, 19, 30, 21):
+            before = capture_count()
+            graphed = values_and_gradients(solve_flows(flows, initial, points), flows, initial)
+            captures.append(capture_count() - before)
+            reference = values_and_gradients(solve_flows(plain, initial, points), plain, initial)
+            for a, b in zip([*graphed[0], *graphed[1]], [*reference[0], *reference[1]]):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    # bucket 24 captured, reused for 19; bucket 32 replaces the tape and drops 24's graphs, which 21 captures again
+    assert captures == [2, 0, 2, 2]

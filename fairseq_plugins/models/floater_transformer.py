@@ -91,9 +91,14 @@ def add_floater_args(parser):
                         help=f"re-solve the ODE with gradient every N updates (default {d.update_every}: exact "
                              "gradient every update); in between, cached biases are reused detached: b(0) still "
                              "gets its gradient, the flow θ none (the paper's §4.4 cost trick)")
+    parser.add_argument("--floater-cuda-graph", action="store_true",
+                        help="on CUDA, replay the default solve (rk4) of training forwards from captured CUDA "
+                             "graphs (one per bucket of lengths) instead of launching it step by step. Opt-in: "
+                             "verified on CPU by emulating CUDA graphs' buffer semantics; what has run on a GPU "
+                             "is in results/gpu_check.md")
     parser.add_argument("--floater-no-cuda-graph", action="store_true",
-                        help="on CUDA, run the default solve (rk4) step by step instead of replaying it as "
-                             "captured CUDA graphs (one per bucket of lengths)")
+                        help="the default (step by step); accepted for command lines written when graphs were on "
+                             "by default")
     parser.add_argument("--floater-layers", choices=("all", "input"),
                         help="blocks whose q/k/v biases follow the flow: all (default) or input (the first "
                              "block only; the others keep ordinary constant biases)")
@@ -104,7 +109,7 @@ def floater_defaults(args):
     for name, value in (("dt", DEFAULT_SETTINGS.dt), ("method", DEFAULT_SETTINGS.method),
                         ("rtol", DEFAULT_SETTINGS.rtol), ("atol", DEFAULT_SETTINGS.atol),
                         ("adjoint", DEFAULT_SETTINGS.adjoint), ("update_every", DEFAULT_SETTINGS.update_every),
-                        ("no_cuda_graph", not DEFAULT_SETTINGS.cuda_graph), ("hidden", None), ("layers", "all")):
+                        ("cuda_graph", DEFAULT_SETTINGS.cuda_graph), ("hidden", None), ("layers", "all")):
         setattr(args, "floater_" + name, getattr(args, "floater_" + name, value))
 
 

@@ -61,7 +61,7 @@ Mapping to code
 ---------------
 - ``FloaterDynamics.forward(t, y)``       h(τ, p; θ), torchdiffeq style.
 - ``FloaterSettings``                     the solver settings (the flags ``--floater-dt/-method/-rtol/-atol/
-  -adjoint/-update-every/-no-cuda-graph``), validated once.
+  -adjoint/-update-every/-cuda-graph``), validated once.
 - ``solve_on_grid``                       one dynamics' y(t_i) on the grid, one torchdiffeq call: the reference
   the tests compare the default solve with, and the solve of adaptive methods.
 """
@@ -96,7 +96,7 @@ def _number(value) -> bool:
 @dataclasses.dataclass(frozen=True)
 class FloaterSettings:
     """The solver settings of a model's flows; the one place that defaults and checks them (see the module
-    docstring). Each field is the flag ``--floater-<field>`` (``cuda_graph``: ``--floater-no-cuda-graph``)."""
+    docstring). Each field is the flag ``--floater-<field>``."""
 
     dt: float = 0.1  # grid spacing Δ: position i is time t_i = i·Δ
     method: str = "rk4"  # torchdiffeq solver; fixed-grid ones take STEPS_PER_DT steps per Δ
@@ -104,7 +104,7 @@ class FloaterSettings:
     atol: float = 1e-6
     adjoint: bool = False  # torchdiffeq's odeint_adjoint instead of backprop through the steps
     update_every: int = 1  # re-solve with gradient every N updates (1: the exact gradient every update)
-    cuda_graph: bool = True  # on CUDA, replay the default solve as captured CUDA graphs
+    cuda_graph: bool = False  # on CUDA, replay the default solve from captured CUDA graphs (opt-in)
 
     def __post_init__(self):
         if not (_number(self.dt) and 0 < self.dt < float("inf")):
@@ -126,9 +126,7 @@ class FloaterSettings:
     def from_args(cls, args) -> "FloaterSettings":
         """From a namespace of fairseq args (``floater_dt``, ...; missing ones take the defaults)."""
         values = {f.name: getattr(args, "floater_" + f.name) for f in dataclasses.fields(cls)
-                  if f.name != "cuda_graph" and getattr(args, "floater_" + f.name, None) is not None}
-        if getattr(args, "floater_no_cuda_graph", False):
-            values["cuda_graph"] = False
+                  if getattr(args, "floater_" + f.name, None) is not None}
         try:
             return _settings(cls, tuple(sorted(values.items())))
         except TypeError:  # an unhashable value: let the constructor say which flag is wrong

@@ -1,5 +1,5 @@
 """FLOATER's default solve: torchdiffeq's rk4 steps at Δ/5 on all flows at once, in latent coordinates, with
-the exact derivative of those steps written out; on CUDA replayed as captured CUDA graphs.
+the exact derivative of those steps written out; on CUDA optionally replayed from captured CUDA graphs.
 
 The equations
 -------------
@@ -42,22 +42,22 @@ How it runs
 
   The parameter sums are one product per grid interval (its 20 stages), so the sweep's own buffers hold one
   interval's stage gradients, not all of them.
-- CUDA (``FloaterSettings.cuda_graph``, on unless ``--floater-no-cuda-graph``): a solve with gradient is
-  captured once per bucket of lengths (16, 24, 32, 48, 64, 96, ...: each a power of two or 1.5 times one) with
-  ``torch.cuda.make_graphed_callables`` (forward and backward, each one graph) and replayed; a length solves
-  its bucket's grid and keeps its first rows (a fixed grid from 0: the same values). Each captured bucket keeps
-  its own memory pool (its stage tape) for the rest of the run. CPU, and solves without gradient, run the loop.
+- CUDA with ``--floater-cuda-graph`` (opt-in, ``FloaterSettings.cuda_graph``): a solve with gradient is
+  replayed from CUDA graphs captured once per bucket of lengths (``floater_cuda_graph.py``: its rules for
+  buffers, memory and capture). CPU, solves without gradient, and the default run the loop.
 
 Used for ``rk4`` without ``--floater-adjoint`` when hidden ≤ 2d (``FloaterFlow.latent``).
 """
 
 import functools
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import floater_cuda_graph
+from .floater_cuda_graph import graph_bucket  # noqa: F401  (the buckets' lengths; tests import it from here)
 from .floater_dynamics import STEPS_PER_DT, FloaterDynamics
 
 # torchdiffeq's "rk4" is the 3/8 rule (rk4_alt_step_func).
@@ -134,12 +134,14 @@ class _LatentRK4(torch.autograd.Function):
     derivative of those steps (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, z0: Tensor, Mt: Tensor, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor, plan: RK4Plan):
+    def forward(ctx, z0: Tensor, Mt: Tensor, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor, plan: RK4Plan,
+                tape: Optional[Tensor] = None):
         flows, rows, hidden = z0.shape
         S = len(plan.steps)
         tab = plan.tables(z0.device, z0.dtype)
         offsets = _time_terms(plan, c1, w1, ec, et)  # (F, S, 4, 1, H)
-        tape = z0.new_empty(flows, 4 * S, rows, hidden)  # the stage values u, saved for the backward
+        if tape is None:  # the stage values u, saved for the backward (captured solves bring a shared one)
+            tape = z0.new_empty(flows, 4 * S, rows, hidden)
         w = z0.clone()
         Zs = z0.new_empty(flows, 4, rows, hidden)  # one step's four stage inputs before their products
         comb = z0.new_empty(flows, rows, hidden)
@@ -223,7 +225,7 @@ class _LatentRK4(torch.autograd.Function):
             k_sums.baddbmm_(tau_rows[interval], gk.view(flows, STAGES * rows, hidden))
         c1_grad, w1_grad = a_sums.split(1, dim=1)
         ec_grad, et_grad = k_sums.split(1, dim=1)
-        return z_adjoint, Mt_grad, c1_grad, w1_grad, ec_grad, et_grad, None
+        return z_adjoint, Mt_grad, c1_grad, w1_grad, ec_grad, et_grad, None, None
 
 
 def _split_weights(dynamics: Sequence[FloaterDynamics]):
@@ -239,34 +241,9 @@ def _split_weights(dynamics: Sequence[FloaterDynamics]):
     return W1, w1, c1, W2, w2, c2
 
 
-def graph_bucket(points: int) -> int:
-    """The grid length a captured solve of `points` positions uses: the next of 16, 24, 32, 48, 64, 96, ..."""
-    size = 16
-    while size < points:
-        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
-    return size
-
-
-_GRAPHS: Dict[tuple, object] = {}
-
-
 def _capturable(y0: Tensor, args: Tuple[Tensor, ...], first_index: int) -> bool:
     """A training solve on CUDA: from position 0 (the bucket's extra rows then change nothing), with gradient."""
     return y0.is_cuda and first_index == 0 and torch.is_grad_enabled() and any(a.requires_grad for a in args)
-
-
-def _graphed_kernel(plan: RK4Plan, args: Tuple[Tensor, ...]):
-    """The kernel for this plan captured as CUDA graphs (forward and backward), built on first use."""
-    key = (plan.points, plan.dt, plan.first, args[0].device,
-           tuple((a.shape, a.dtype, a.requires_grad) for a in args))
-    graphed = _GRAPHS.get(key)
-    if graphed is None:
-        samples = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
-        # make_graphed_callables warms up on a side stream, then captures one graph for the forward and one
-        # for the backward, each with static input and output buffers that every call copies in and out of.
-        graphed = _GRAPHS[key] = torch.cuda.make_graphed_callables(
-            lambda *a: _LatentRK4.apply(*a, plan), samples, allow_unused_input=True)
-    return graphed
 
 
 def solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, dt: float, first_index: int, num_points: int,
@@ -278,13 +255,12 @@ def solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, dt: float, fir
     z0 = torch.bmm(y0, W1t)  # z = W1 p
     ec, et = torch.bmm(c2, W1t), torch.bmm(w2, W1t)  # W1 c2, W1 w2 (as rows)
     args = (z0, Mt, c1, w1, ec, et)
+    q = None
     if cuda_graph and _capturable(y0, args, first_index):
-        plan = rk4_plan(graph_bucket(num_points), dt, first_index)
-        # the static output is overwritten by the next replay: keep a copy
-        q = _graphed_kernel(plan, args)(*args)[:, :num_points].clone()
-        plan = rk4_plan(num_points, dt, first_index)
-    else:
-        plan = rk4_plan(num_points, dt, first_index)
+        q = floater_cuda_graph.replay(_LatentRK4.apply, rk4_plan(graph_bucket(num_points), dt, first_index), args,
+                                      num_points)  # None while another captured solve awaits its backward
+    plan = rk4_plan(num_points, dt, first_index)
+    if q is None:
         q = _LatentRK4.apply(*args, plan)  # (F, P, K, hidden)
     flows, points, rows, hidden = q.shape
     tab = plan.tables(y0.device, dtype)

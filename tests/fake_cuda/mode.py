@@ -66,7 +66,7 @@ class Finding:
 
 
 def _short(filename: str) -> str:
-    for root in (REPO, SITE):
+    for root in (SITE, REPO):  # site-packages first: a virtual environment may live inside the repository
         if filename.startswith(root + "/"):
             return filename[len(root) + 1:]
     return filename

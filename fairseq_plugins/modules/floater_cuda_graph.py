@@ -1,0 +1,168 @@
+"""FLOATER's default solve (``floater_rk4._LatentRK4``) replayed from CUDA graphs: opt-in, ``--floater-cuda-graph``.
+
+A training solve from position 0 on CUDA is captured once per bucket of lengths (``graph_bucket``: 16, 24, 32,
+48, ...; a length solves its bucket's grid and keeps its first rows, the same values) and replayed: one graph
+for the forward, one for the backward. What a captured graph does to memory decides every rule below
+(``torch/cuda/graphs.py``): its inputs, outputs and gradients live in static buffers that the next replay
+overwrites, and its intermediate memory belongs to its pool for as long as the graph lives.
+
+- Outputs and gradients are handed out as fresh copies (``_Replay``). torch's ``make_graphed_callables``
+  returns its static gradient buffers detached; where the gradient reaches a parameter through views only,
+  autograd keeps that buffer itself as ``.grad``, and the next micro-batch's replay overwrites it: with
+  gradient accumulation (``--update-freq``, DDP's ``no_sync``) the parameter got twice the last gradient.
+- One solve in flight: a graph's backward reads its forward's stage tape, which the next forward replay
+  overwrites. A training step solves once per forward (``FloaterPositions``), so forward and backward
+  alternate; a second forward before the first one's backward (or its abandonment) runs the loop instead.
+- Bounded memory: every bucket of one shape shares one stage tape (the largest bucket's, (F, 20·(P−1), K, H),
+  allocated outside the graphs), and all captures share one memory pool, so the run holds about one solve's
+  tape and workspace of the longest bucket it met, not one per bucket; a longer bucket replaces the tape and
+  drops the graphs that used the old one (``held_bytes`` reports what is held).
+- Non-finite values in the bucket's extra rows would enter θ's gradient as 0·inf: the kept rows become NaN
+  then, and ``solve_checked`` stops the run with its one-line error.
+- Capture on the solve's own device and a side stream, in ``thread_local`` capture mode: other threads (the
+  NCCL watchdog polling its events during a DDP step) may call CUDA while a capture is open. A warm-up solve
+  on that stream first, so lazy initialisation (cuBLAS workspaces) happens outside the capture.
+
+Verified on CPU by emulating the graphs' data semantics (``tests/test_floater_cuda_graph.py``); what has run
+on a GPU is in ``results/gpu_check.md``.
+"""
+
+import weakref
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+
+def graph_bucket(points: int) -> int:
+    """The grid length a captured solve of `points` positions uses: the next of 16, 24, 32, 48, 64, 96, ..."""
+    size = 16
+    while size < points:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
+
+
+def tape_bytes(flows: int, rows: int, hidden: int, points: int, dtype=torch.float32) -> int:
+    """Bytes of one solve's stage tape: 4 stages × 5 steps per grid interval, (F, 20·(P−1), K, H)."""
+    return flows * 20 * (points - 1) * rows * hidden * torch.empty((), dtype=dtype).element_size()
+
+
+class _Flight:
+    """Marks a replayed forward whose backward has not run; dies with its autograd graph."""
+
+
+class _Tape:
+    """The stage tape shared by every bucket of one solve shape (on one device), and the graphs using it."""
+
+    def __init__(self):
+        self.buffer: Optional[Tensor] = None
+        self.graphs: Dict[int, "_Captured"] = {}  # bucket length → its graphs
+        self.pool = None  # the memory pool every capture of this shape shares
+
+
+_TAPES: Dict[tuple, _Tape] = {}
+_IN_FLIGHT: List[Optional[weakref.ref]] = [None]
+
+
+def reset():
+    """Drop every captured graph and tape (their memory goes back to torch's allocator)."""
+    _TAPES.clear()
+    _IN_FLIGHT[0] = None
+
+
+def held_bytes() -> int:
+    """Bytes held between solves: the tapes and every graph's static buffers (not the shared pools)."""
+    total = 0
+    for tape in _TAPES.values():
+        total += tape.buffer.numel() * tape.buffer.element_size() if tape.buffer is not None else 0
+        for captured in tape.graphs.values():
+            total += sum(t.numel() * t.element_size() for t in captured.static_tensors())
+    return total
+
+
+class _Captured:
+    """One bucket's forward and backward graphs with their static buffers."""
+
+    def __init__(self, kernel, plan, args: Tuple[Tensor, ...], tape: Tensor, pool):
+        device = args[0].device
+        self.inputs = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
+        self.needs_grad = [i for i, a in enumerate(self.inputs) if a.requires_grad]
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # warm-up: lazy initialisation must not happen inside a capture
+            out = kernel(*self.inputs, plan, tape)
+            torch.autograd.grad(out, [self.inputs[i] for i in self.needs_grad], torch.zeros_like(out),
+                                allow_unused=True)
+            del out
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.forward_graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            self.output = kernel(*self.inputs, plan, tape)
+        self.grad_output = torch.empty_like(self.output)
+        with torch.cuda.graph(self.backward_graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            grads = torch.autograd.grad(self.output, [self.inputs[i] for i in self.needs_grad], self.grad_output,
+                                        allow_unused=True)
+        self.grads = dict(zip(self.needs_grad, grads))
+
+    def static_tensors(self) -> List[Tensor]:
+        return [*self.inputs, self.output, self.grad_output, *(g for g in self.grads.values() if g is not None)]
+
+
+class _Replay(torch.autograd.Function):
+    """The captured solve as an autograd function: copies in, replays, copies out (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, captured: _Captured, *args: Tensor) -> Tensor:
+        for static, value in zip(captured.inputs, args):
+            static.copy_(value)
+        captured.forward_graph.replay()
+        ctx.captured, ctx.flight = captured, _Flight()
+        _IN_FLIGHT[0] = weakref.ref(ctx.flight)
+        return captured.output.clone()  # the next replay overwrites the static output
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        captured = ctx.captured
+        captured.grad_output.copy_(grad)
+        captured.backward_graph.replay()
+        if _IN_FLIGHT[0] is not None and _IN_FLIGHT[0]() is ctx.flight:
+            _IN_FLIGHT[0] = None
+        # fresh tensors: autograd may keep a returned gradient as a parameter's .grad, and the next replay
+        # would overwrite it in place (torch's make_graphed_callables returns the static buffers themselves)
+        grads = [captured.grads.get(i) for i in range(len(captured.inputs))]
+        return (None, *(g.clone() if g is not None else None for g in grads))
+
+
+def in_flight() -> bool:
+    """Whether a replayed forward still waits for its backward (its autograd graph is alive)."""
+    return _IN_FLIGHT[0] is not None and _IN_FLIGHT[0]() is not None
+
+
+def replay(kernel, plan, args: Tuple[Tensor, ...], num_points: int) -> Optional[Tensor]:
+    """q of ``kernel`` on ``plan``'s grid (a bucket's), replayed from graphs captured on first use, cut to
+    num_points rows; None while another replayed solve waits for its backward (the caller runs the loop)."""
+    if in_flight():
+        return None
+    z0 = args[0]
+    flows, rows, hidden = z0.shape
+    key = (z0.device, z0.dtype, flows, rows, hidden, plan.dt,
+           tuple((a.shape, a.requires_grad) for a in args))
+    with torch.cuda.device(z0.device):
+        shape = _TAPES.setdefault(key, _Tape())
+        captured = shape.graphs.get(plan.points)
+        if captured is None:
+            evaluations = 4 * len(plan.steps)
+            if shape.buffer is None or shape.buffer.size(1) < evaluations:
+                # a longer bucket: one new tape for all; graphs captured on the old one go with it
+                shape.graphs.clear()
+                shape.buffer = None
+                shape.buffer = z0.new_empty(flows, evaluations, rows, hidden)
+                shape.pool = torch.cuda.graph_pool_handle()
+            tape = shape.buffer[:, :evaluations]
+            captured = shape.graphs[plan.points] = _Captured(kernel, plan, args, tape, shape.pool)
+        q = _Replay.apply(captured, *args)
+    kept = q[:, :num_points]
+    # NaN in the kept rows when any extra row is not finite: solve_checked then refuses the solve
+    return torch.where(torch.isfinite(q).all(), kept, torch.full_like(kept, float("nan")))
