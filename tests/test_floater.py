@@ -3,6 +3,7 @@ forward for all flows, the warm-start identity with fairseq's Transformer, incre
 and its gradients, validation, flags."""
 import argparse
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -310,6 +311,47 @@ def test_non_finite_solution_raises_one_clear_error():
         model.encoder.floater_flow.dynamics.fc2.bias.fill_(float("nan"))
     with pytest.raises(FloaterSolverError, match=r"non-finite.*--floater-method rk4 --floater-dt 0.1"):
         model(*batch())
+
+
+def _fast_growing_model():
+    """A tiny FLOATER model whose flows grow about 10× per 20 positions (Δ = 0.1): its biases pass float32's
+    attention range after about 900 source positions while its solve stays finite up to 1,024."""
+    model = build("floater_transformer_tiny", floater_dt=0.1)  # float32
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for flow in flows(model):
+            for p in flow.dynamics.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return model.eval()
+
+
+def _generate(model, src_len):
+    src = torch.randint(4, VOCAB, (1, src_len), generator=torch.Generator().manual_seed(src_len))
+    generator = SequenceGenerator([model], TASK.target_dictionary, beam_size=2, max_len_b=20)
+    return generator.generate([model], {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([src_len])}})
+
+
+def test_decoding_past_the_attention_range_names_the_position_and_the_flag():
+    """Was fairseq's `AssertionError: 20 < 20` from the beam search (NaN scores); now one line naming where the
+    biases outgrow the attention and the flag that helps, whose advice then decodes."""
+    model = _fast_growing_model()
+    with pytest.raises(FloaterSolverError) as error:
+        _generate(model, 1000)
+    message = str(error.value)
+    assert "\n" not in message
+    first = int(re.search(r"from source position (\d+) on", message).group(1))
+    assert f"--max-source-positions {first} --skip-invalid-size-inputs-valid-test" in message, message
+    assert 800 < first < 1000, message
+    assert _generate(model, first)[0][0]["tokens"].numel() > 0  # inputs within the advice decode
+
+
+def test_overflow_message_names_the_side_and_tells_a_non_position_failure():
+    rows = torch.arange(40.0).exp().view(40, 1, 1).expand(40, 2, 8)  # |Δb| = e^i at position i
+    message = floater.describe_overflow([("target", rows)], {"target": 40}, torch.float16)
+    limit = (torch.finfo(torch.float16).max / 8) ** 0.5  # 90.5: e^5 = 148 is the first past it
+    assert f"passes {limit:.3g} from target position 5 on" in message and "--max-len-b 5" in message
+    message = floater.describe_overflow([("source", rows[:4])], {"source": 4}, torch.float32)
+    assert message.startswith("non-finite decoder output") and "not a position overflow" in message
 
 
 def parse(argv, capsys):

@@ -47,6 +47,7 @@ from ..modules.floater import (
     FloaterSettings,
     bind_decoder_biases,
     bind_encoder_biases,
+    check_decoding_step,
     enable_position_biases,
 )
 
@@ -242,8 +243,11 @@ class FloaterTransformerDecoder(TransformerDecoderBase):
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                          full_context_alignment=False, alignment_layer=None, alignment_heads=None):
         with bind_decoder_biases(self, prev_output_tokens, encoder_out, incremental_state):
-            return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
-                                            full_context_alignment, alignment_layer, alignment_heads)
+            x, extra = super().extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                                full_context_alignment, alignment_layer, alignment_heads)
+        if incremental_state is not None:  # generation: one line instead of the beam search's assertion
+            check_decoding_step(self, x, prev_output_tokens, encoder_out)
+        return x, extra
 
 
 # architectures

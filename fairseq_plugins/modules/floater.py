@@ -560,3 +560,46 @@ def _step_biases(decoder, incremental_state, num_positions: int, src_len: int):
                 saved["cross_delta"] = positions.biases(decoder.floater_cross_flow, src_len)
         decoder.set_incremental_state(incremental_state, "floater", saved)
     return saved
+
+
+def check_decoding_step(decoder, features: Tensor, prev_output_tokens: Tensor, encoder_out) -> None:
+    """Incremental decoding: non-finite decoder features stop the generation with ``FloaterSolverError``, one line
+    naming the source or target position from which the position biases can overflow the attention and the
+    flag that helps (else the beam search goes on with NaN scores and dies on one of fairseq's assertions).
+    One host sync per step, where the beam search makes several; training and validation are not checked."""
+    if bool(torch.isfinite(features).all()):
+        return
+    lengths = {"target": prev_output_tokens.size(1)}
+    if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+        lengths["source"] = encoder_out["encoder_out"][0].size(0)
+    # every flow of the model (the encoder's too: the decoder shares its FloaterPositions), by the side it indexes
+    flows = [("target" if flow is decoder.floater_flow else "source", flow) for flow, _ in
+             decoder.floater_positions.members]
+    flows = [(side, flow, lengths[side]) for side, flow in flows if side in lengths]
+    with decoder.floater_positions.forward_pass(max(lengths.values())) as positions:
+        deltas = [(side, positions.biases(flow, n).detach()) for side, flow, n in flows]
+    raise FloaterSolverError(describe_overflow(deltas, lengths, features.dtype))
+
+
+def describe_overflow(deltas, lengths, dtype: torch.dtype) -> str:
+    """The message for non-finite attention output given each side's Δb (P, k, d): the first position whose
+    |Δb| passes sqrt(max(dtype) / d), from where q·k can leave the dtype's range."""
+    largest = max(((float(d.abs().max()), side, int(d.abs().flatten(1).max(1).values.argmax()))
+                   for side, d in deltas), key=lambda t: t[0])
+    overflows = []  # (first position past the limit, side, limit), per flow
+    for side, delta in deltas:
+        limit = (torch.finfo(dtype).max / delta.size(-1)) ** 0.5
+        over = (delta.abs().flatten(1).max(1).values >= limit).nonzero()
+        if len(over):
+            overflows.append((int(over[0]), side, limit))
+    if overflows:
+        first, side, limit = min(overflows)
+        fix = ("decode inputs up to {n} tokens (--max-source-positions {n} --skip-invalid-size-inputs-valid-test)"
+               if side == "source" else "cap the output length below {n} tokens (--max-len-a 0 --max-len-b {n})")
+        return (f"FLOATER position biases overflow the attention ({dtype}) while decoding a {side} of "
+                f"{lengths[side]} tokens: |Δb| passes {limit:.3g} from {side} position {first} on "
+                f"(up to {largest[0]:.3g} at {largest[1]} position {largest[2]}); {fix.format(n=first)}, "
+                f"or train with a smaller --floater-dt")
+    return (f"non-finite decoder output while decoding, with FLOATER's position biases in range (largest |Δb| "
+            f"{largest[0]:.3g}, at {largest[1]} position {largest[2]}): not a position overflow; check the "
+            f"checkpoint's weights and the precision (--fp16, --bf16)")
