@@ -92,6 +92,120 @@ def test_capture_on_the_default_stream_raises(emulation):
         g.capture_begin()
 
 
+# -- FLOATER's capture: where, how, what it holds -------------------------------------------------------------
+
+def test_capture_is_thread_local_on_a_side_stream_of_the_solves_device(emulation, monkeypatch):
+    """Other threads (NCCL's watchdog) may query events while a capture is open: only thread_local capture mode
+    leaves them alone; the capture runs under the solve's own device (a model on cuda:1 without set_device)."""
+    from fairseq_plugins.modules.floater import solve_flows
+    from floater_helpers import random_flows
+
+    entered, captures = [], []
+
+    class RecordingDevice(torch.cuda.device):
+        def __enter__(self):
+            entered.append(self.idx)
+            return self
+
+        def __exit__(self, *exc):
+            entered.pop()
+            return False
+
+    begin = torch.cuda.CUDAGraph.capture_begin
+
+    def recording_begin(graph, pool=None, capture_error_mode="global", **kwargs):
+        captures.append((capture_error_mode, list(entered), torch.cuda.current_stream()))
+        return begin(graph, pool=pool, capture_error_mode=capture_error_mode, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "device", RecordingDevice)
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", recording_begin)
+    flows, initial = random_flows(rows=(3, 2), cuda_graph=True)
+    sum(y.sum() for y in solve_flows(flows, initial, 20)).backward()
+    assert len(captures) == 2  # the bucket's forward and backward
+    for mode, devices, stream in captures:
+        assert mode == "thread_local"
+        assert devices and devices[-1] == initial[0].device
+        assert stream is not torch.cuda.default_stream()
+
+
+def test_one_solve_in_flight_and_bounded_graph_memory(emulation):
+    """A second forward before the first one's backward runs the loop (its replay would overwrite the tape the
+    first backward reads); the graphs hold one tape, of the longest bucket, plus small static buffers."""
+    from fairseq_plugins.modules import floater_cuda_graph
+    from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings, solve_flows
+    from floater_helpers import random_flows, values_and_gradients
+
+    flows, initial = random_flows(rows=(3, 2), cuda_graph=True)
+    plain = [FloaterFlow(6, 7, FloaterSettings()).double() for _ in flows]
+    for a, b in zip(plain, flows):
+        a.load_state_dict(b.state_dict())
+    captures = capture_count()
+    first, second = solve_flows(flows, initial, 20), solve_flows(flows, initial, 30)  # second: the loop
+    assert floater_cuda_graph.in_flight() and capture_count() - captures == 2
+    got = values_and_gradients([*first, *second], flows, initial)
+    want = values_and_gradients([*solve_flows(plain, initial, 20), *solve_flows(plain, initial, 30)], plain, initial)
+    for a, b in zip([*got[0], *got[1]], [*want[0], *want[1]]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert not floater_cuda_graph.in_flight()
+    rows, hidden, element = 3, 7, 8  # float64 here
+    seen = []
+    for points in (20, 40, 30, 100, 16):
+        values_and_gradients(solve_flows(flows, initial, points), flows, initial)
+        seen.append(points)
+        longest = floater_cuda_graph.graph_bucket(max(seen))
+        tape = floater_cuda_graph.tape_bytes(2, rows, hidden, longest, torch.float64)
+        statics = floater_cuda_graph.held_bytes() - tape
+        # per captured bucket: its input copies, output, output gradient and input gradients
+        assert 0 < statics <= 2 * 2 * rows * hidden * element * sum(
+            floater_cuda_graph.graph_bucket(p) + 8 for p in (20, 40, 30, 100, 16)), statics
+        assert floater_cuda_graph.held_bytes() < 1.2 * tape
+
+
+def test_non_finite_extra_rows_of_a_bucket_stop_the_solve(emulation):
+    """A captured solve integrates to its bucket's length: if only the rows past the batch's overflow, their
+    0·inf would enter θ's gradient as NaN; the kept rows become NaN and the finiteness check refuses the solve."""
+    from fairseq_plugins.modules.floater import FloaterSolverError, solve_checked
+    from floater_helpers import random_flows
+
+    from fairseq_plugins.modules import floater_cuda_graph
+
+    for scale in (1.0, 1.5, 2.0, 3.0, 4.0, 6.0):
+        flows, initial = random_flows(rows=(3, 2), cuda_graph=True)
+        with torch.no_grad():
+            for flow in flows:
+                flow.dynamics.fc2.weight.mul_(scale * 10)
+        bad = _first_non_finite_row(flows, initial, 400)  # the loop's solve
+        # a batch of bad positions: finite itself, its bucket (> bad rows) is not
+        if bad is not None and 16 < bad and floater_cuda_graph.graph_bucket(bad) > bad:
+            break
+    else:
+        pytest.fail("no flow overflowing within a bucket")
+    captures = capture_count()
+    with pytest.raises(FloaterSolverError, match="non-finite"):
+        solve_checked(flows, initial, bad)
+    assert capture_count() > captures  # the captured path, not the loop
+
+
+def _first_non_finite_row(flows, initial, points):
+    from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings, solve_flows
+
+    plain = [FloaterFlow(6, 7, FloaterSettings()).double() for _ in flows]
+    for a, b in zip(plain, flows):
+        a.load_state_dict(b.state_dict())
+    with torch.no_grad():
+        finite = torch.stack([torch.isfinite(y).flatten(1).all(1) for y in solve_flows(plain, initial, points)]).all(0)
+    return None if bool(finite.all()) else int((~finite).nonzero()[0])
+
+
+def test_graphs_refused_on_rocm(monkeypatch):
+    from fairseq_plugins.modules.floater import FloaterSettings
+
+    monkeypatch.setattr(torch.version, "hip", "6.2.0")
+    with pytest.raises(ValueError, match="--floater-cuda-graph is not supported on ROCm"):
+        FloaterSettings(cuda_graph=True)
+    FloaterSettings(cuda_graph=False)
+
+
 # -- fairseq's Trainer: the graph path's gradients are the loop's ---------------------------------------------
 
 UPDATES = 2

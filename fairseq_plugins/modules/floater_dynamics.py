@@ -121,6 +121,11 @@ class FloaterSettings:
             object.__setattr__(self, name, float(getattr(self, name)))
         object.__setattr__(self, "adjoint", bool(self.adjoint))
         object.__setattr__(self, "cuda_graph", bool(self.cuda_graph))
+        if self.cuda_graph and torch.version.hip is not None:
+            # HIP invalidates a capture when another thread (NCCL's watchdog) queries an event, even in the
+            # thread-local capture mode that makes this safe on CUDA (floater_cuda_graph.py)
+            raise ValueError("--floater-cuda-graph is not supported on ROCm (another thread's event query breaks "
+                             "the capture); train without it")
 
     @classmethod
     def from_args(cls, args) -> "FloaterSettings":
