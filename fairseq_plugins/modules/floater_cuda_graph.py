@@ -13,10 +13,11 @@ overwrites, and its intermediate memory belongs to its pool for as long as the g
 - One solve in flight: a graph's backward reads its forward's stage tape, which the next forward replay
   overwrites. A training step solves once per forward (``FloaterPositions``), so forward and backward
   alternate; a second forward before the first one's backward (or its abandonment) runs the loop instead.
-- Bounded memory: every bucket of one shape shares one stage tape (the largest bucket's, (F, 20·(P−1), K, H),
-  allocated outside the graphs), and all captures share one memory pool, so the run holds about one solve's
-  tape and workspace of the longest bucket it met, not one per bucket; a longer bucket replaces the tape and
-  drops the graphs that used the old one (``held_bytes`` reports what is held).
+- Bounded memory: every bucket of one shape shares the static inputs, one stage tape and one output-gradient
+  buffer (the longest bucket's, (F, 20·(P−1), K, H) and (F, P, K, H), allocated outside the graphs), and all
+  captures share one memory pool, so the run holds about one solve's tape and workspace of the longest bucket
+  it met, not one per bucket; each bucket keeps only its output and input gradients. A longer bucket replaces
+  the shared buffers and drops the graphs that used the old ones (``held_bytes`` reports what is held).
 - Non-finite values in the bucket's extra rows would enter θ's gradient as 0·inf: the kept rows become NaN
   then, and ``solve_checked`` stops the run with its one-line error.
 - Capture on the solve's own device and a side stream, in ``thread_local`` capture mode: other threads (the
@@ -53,12 +54,15 @@ class _Flight:
 
 
 class _Tape:
-    """The stage tape shared by every bucket of one solve shape (on one device), and the graphs using it."""
+    """What every bucket of one solve shape (on one device) shares: the static inputs, the stage tape and the
+    output gradient's buffer (both sized for the longest bucket), the memory pool, and the graphs using them."""
 
-    def __init__(self):
+    def __init__(self, args: Tuple[Tensor, ...]):
+        self.inputs = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
         self.buffer: Optional[Tensor] = None
+        self.grad_output: Optional[Tensor] = None
         self.graphs: Dict[int, "_Captured"] = {}  # bucket length → its graphs
-        self.pool = None  # the memory pool every capture of this shape shares
+        self.pool = None
 
 
 _TAPES: Dict[tuple, _Tape] = {}
@@ -75,7 +79,8 @@ def held_bytes() -> int:
     """Bytes held between solves: the tapes and every graph's static buffers (not the shared pools)."""
     total = 0
     for tape in _TAPES.values():
-        total += tape.buffer.numel() * tape.buffer.element_size() if tape.buffer is not None else 0
+        shared = [*tape.inputs] + [t for t in (tape.buffer, tape.grad_output) if t is not None]
+        total += sum(t.numel() * t.element_size() for t in shared)
         for captured in tape.graphs.values():
             total += sum(t.numel() * t.element_size() for t in captured.static_tensors())
     return total
@@ -84,9 +89,9 @@ def held_bytes() -> int:
 class _Captured:
     """One bucket's forward and backward graphs with their static buffers."""
 
-    def __init__(self, kernel, plan, args: Tuple[Tensor, ...], tape: Tensor, pool):
-        device = args[0].device
-        self.inputs = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
+    def __init__(self, kernel, plan, inputs: Tuple[Tensor, ...], tape: Tensor, grad_output: Tensor, pool):
+        device = inputs[0].device
+        self.inputs = inputs  # shared by the buckets: the same shapes whatever the length
         self.needs_grad = [i for i, a in enumerate(self.inputs) if a.requires_grad]
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
@@ -99,14 +104,15 @@ class _Captured:
         self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.forward_graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             self.output = kernel(*self.inputs, plan, tape)
-        self.grad_output = torch.empty_like(self.output)
+        self.grad_output = grad_output
         with torch.cuda.graph(self.backward_graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             grads = torch.autograd.grad(self.output, [self.inputs[i] for i in self.needs_grad], self.grad_output,
                                         allow_unused=True)
         self.grads = dict(zip(self.needs_grad, grads))
 
     def static_tensors(self) -> List[Tensor]:
-        return [*self.inputs, self.output, self.grad_output, *(g for g in self.grads.values() if g is not None)]
+        """The buffers this bucket's graphs own (the shared ones are the _Tape's)."""
+        return [self.output, *(g for g in self.grads.values() if g is not None)]
 
 
 class _Replay(torch.autograd.Function):
@@ -150,18 +156,23 @@ def replay(kernel, plan, args: Tuple[Tensor, ...], num_points: int) -> Optional[
     key = (z0.device, z0.dtype, flows, rows, hidden, plan.dt,
            tuple((a.shape, a.requires_grad) for a in args))
     with torch.cuda.device(z0.device):
-        shape = _TAPES.setdefault(key, _Tape())
+        shape = _TAPES.get(key)
+        if shape is None:
+            shape = _TAPES[key] = _Tape(args)
         captured = shape.graphs.get(plan.points)
         if captured is None:
             evaluations = 4 * len(plan.steps)
             if shape.buffer is None or shape.buffer.size(1) < evaluations:
-                # a longer bucket: one new tape for all; graphs captured on the old one go with it
+                # a longer bucket: new buffers for all; graphs captured on the old ones go with them
                 shape.graphs.clear()
-                shape.buffer = None
+                shape.buffer = shape.grad_output = None
                 shape.buffer = z0.new_empty(flows, evaluations, rows, hidden)
+                shape.grad_output = z0.new_empty(flows * plan.points * rows * hidden)
                 shape.pool = torch.cuda.graph_pool_handle()
             tape = shape.buffer[:, :evaluations]
-            captured = shape.graphs[plan.points] = _Captured(kernel, plan, args, tape, shape.pool)
+            grad_output = shape.grad_output[:flows * plan.points * rows * hidden].view(flows, plan.points, rows, hidden)
+            captured = shape.graphs[plan.points] = _Captured(kernel, plan, shape.inputs, tape, grad_output,
+                                                             shape.pool)
         q = _Replay.apply(captured, *args)
     kept = q[:, :num_points]
     # NaN in the kept rows when any extra row is not finite: solve_checked then refuses the solve
