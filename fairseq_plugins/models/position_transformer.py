@@ -1,0 +1,235 @@
+"""``position_transformer``: fairseq's Transformer with the position scheme of each stack picked by name from
+``fairseq_plugins/modules/position_schemes.py`` (T5 bias, RoPE, ALiBi, SHAPE, NoPE, sinusoidal, learned).
+
+- ``--position-scheme S`` sets both stacks; ``--encoder-position-scheme`` / ``--decoder-position-scheme``
+  override one. NoPE is refused for the encoder (permutation-invariant without positions).
+- A stack whose scheme works in attention (score bias, rotary) gets ``PositionalSelfAttention`` from its
+  layers' ``build_self_attention`` hook, one scheme module per stack shared by its layers, and no position
+  embedding; cross-attention stays fairseq's own (none of these schemes defines one).
+- A stack with an embedding scheme keeps fairseq's attention; SHAPE replaces the sinusoidal embedding by its
+  shifted one.
+
+Architectures: ``<scheme>_transformer`` (fairseq's ``transformer`` dims), ``_wmt_en_de`` (base),
+``_vaswani_wmt_en_de_big``, ``_vaswani_wmt_en_fr_big`` and ``_tiny`` (tests), for each scheme of
+``NEW_SCHEMES``; any other combination through the flags on ``position_transformer``.
+"""
+
+import argparse
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+    base_architecture,
+    tiny_architecture,
+    transformer_vaswani_wmt_en_de_big,
+    transformer_vaswani_wmt_en_fr_big,
+    transformer_wmt_en_de,
+)
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from ._config import as_namespace
+from .relative_transformer import _wrap_layer
+from ..modules.position_schemes import ENCODER_FOR, NEW_SCHEMES, SCHEMES
+from ..modules.positional_attention import PositionalSelfAttention
+from ..modules.shape_positions import ShapePositionalEmbedding
+
+
+class _OneLine(argparse.Action):
+    """A flag's value checked with one line on stderr (argparse's own errors print the whole usage first)."""
+
+    def __init__(self, *args, check=None, expected="", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.check, self.expected = check, expected
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if not self.check(value):
+            parser.exit(2, f"{parser.prog}: error: {option_string} must be {self.expected} (got {value!r})\n")
+        setattr(namespace, self.dest, value)
+
+
+def _scheme_names(encoder):
+    return [n for n, s in SCHEMES.items() if s.encoder or not encoder]
+
+
+def add_position_args(parser):
+    names = ", ".join(SCHEMES)
+    for flag, encoder, what in (("--position-scheme", False, "both stacks (nope: the decoder only)"),
+                                ("--encoder-position-scheme", True, "the encoder (overrides --position-scheme)"),
+                                ("--decoder-position-scheme", False, "the decoder (overrides --position-scheme)")):
+        allowed = _scheme_names(encoder)
+        parser.add_argument(flag, action=_OneLine, check=allowed.__contains__, metavar="SCHEME",
+                            expected=f"one of {', '.join(allowed)}" + (
+                                " (an encoder without positions is permutation-invariant)" if encoder else ""),
+                            help=f"position scheme of {what}: one of {names}")
+    parser.add_argument("--t5-num-buckets", type=int, action=_OneLine, check=lambda v: v >= 4,
+                        expected="an integer >= 4", metavar="B", help="T5 bias: buckets of relative distance")
+    parser.add_argument("--t5-max-distance", type=int, action=_OneLine, check=lambda v: v >= 2,
+                        expected="an integer >= 2", metavar="D",
+                        help="T5 bias: distances from D on share the last bucket")
+    parser.add_argument("--rope-base", type=float, action=_OneLine, check=lambda v: v > 1,
+                        expected="a number > 1", metavar="b", help="RoPE: θ_i = b^(-2i/d) (paper: 10000)")
+    parser.add_argument("--shape-max-shift", type=int, action=_OneLine, check=lambda v: v >= 0,
+                        expected="an integer >= 0", metavar="K",
+                        help="SHAPE: training offsets drawn from 0..K per sequence (none at test)")
+
+
+def stack_schemes(args):
+    """(encoder scheme, decoder scheme) names from the flags, checked (ValueError with one line)."""
+    both = args.position_scheme
+    encoder = args.encoder_position_scheme or ENCODER_FOR.get(both, both)
+    decoder = args.decoder_position_scheme or both
+    for side, name in (("encoder", encoder), ("decoder", decoder)):
+        if name not in SCHEMES or (side == "encoder" and not SCHEMES[name].encoder):
+            raise ValueError(f"--{side}-position-scheme must be one of {', '.join(_scheme_names(side == 'encoder'))}"
+                             f" (got {name!r})")
+    return SCHEMES[encoder], SCHEMES[decoder]
+
+
+def _positional(layer_base):
+    """A fairseq layer class whose self-attention follows the stack's scheme (``cfg.stack_scheme``)."""
+
+    class Layer(layer_base):
+        def build_self_attention(self, embed_dim, cfg, **extra):
+            scheme = getattr(cfg, "stack_scheme_module", None)
+            if scheme is None:
+                return super().build_self_attention(embed_dim, cfg, **extra)
+            if any(extra.values()):  # the decoder's add_bias_kv / add_zero_attn
+                raise ValueError("position schemes in attention support neither add_bias_kv nor add_zero_attn")
+            heads = cfg.decoder.attention_heads if issubclass(layer_base, TransformerDecoderLayerBase) \
+                else cfg.encoder.attention_heads
+            return PositionalSelfAttention(embed_dim, heads, scheme, dropout=cfg.attention_dropout,
+                                           q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
+
+    Layer.__name__ = f"Positional{layer_base.__name__.replace('Base', '')}"
+    return Layer
+
+
+PositionalEncoderLayer = _positional(TransformerEncoderLayerBase)
+PositionalDecoderLayer = _positional(TransformerDecoderLayerBase)
+
+
+def _scheme_module(scheme, cfg, heads, embed_dim, causal):
+    return scheme.attention(cfg, heads, embed_dim // heads, causal) if scheme.attention is not None else None
+
+
+def _embedding(scheme, cfg, embed_dim, padding_idx, max_positions, stack):
+    """The stack's position embedding for its scheme (fairseq built the sinusoidal/learned one already)."""
+    if scheme.embedding in ("sinusoidal", "learned"):
+        return stack.embed_positions
+    if scheme.embedding == "shape":
+        return ShapePositionalEmbedding(embed_dim, padding_idx, max_positions + padding_idx + 1,
+                                        cfg.shape_max_shift)
+    return None
+
+
+class PositionEncoder(TransformerEncoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, scheme, return_fc=False):
+        embed_dim, heads = cfg.encoder.embed_dim, cfg.encoder.attention_heads
+        module = _scheme_module(scheme, cfg, heads, embed_dim, causal=False)
+        cfg.stack_scheme_module, cfg.encoder.learned_pos = module, scheme.embedding == "learned"
+        try:
+            super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        finally:
+            cfg.stack_scheme_module = None
+        self.position_scheme = module  # owned here: one table per stack, shared by its layers
+        self.embed_positions = _embedding(scheme, cfg, embed_dim, self.padding_idx, cfg.max_source_positions,
+                                          self)
+
+    def build_encoder_layer(self, cfg):
+        return _wrap_layer(PositionalEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+
+class PositionDecoder(TransformerDecoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, scheme, no_encoder_attn=False):
+        embed_dim, heads = cfg.decoder.embed_dim, cfg.decoder.attention_heads
+        module = _scheme_module(scheme, cfg, heads, embed_dim, causal=True)
+        cfg.stack_scheme_module, cfg.decoder.learned_pos = module, scheme.embedding == "learned"
+        try:
+            super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        finally:
+            cfg.stack_scheme_module = None
+        self.position_scheme = module
+        self.embed_positions = _embedding(scheme, cfg, embed_dim, self.padding_idx, cfg.max_target_positions,
+                                          self)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return _wrap_layer(PositionalDecoderLayer(cfg, no_encoder_attn), cfg)
+
+
+@register_model("position_transformer")
+class PositionTransformerModel(TransformerModel):
+    """Transformer whose stacks each use a position scheme from the table (position_schemes.py)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_position_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
+        position_transformer(args)
+        stack_schemes(args)
+        if args.cross_self_attention:
+            raise ValueError("position_transformer does not support --cross-self-attention")
+        if args.no_token_positional_embeddings:
+            raise ValueError("position_transformer: choose positions with --position-scheme (nope for none), "
+                             "not --no-token-positional-embeddings")
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        scheme = stack_schemes(args)[0]
+        return PositionEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, scheme)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return PositionDecoder(cfg, tgt_dict, embed_tokens, stack_schemes(args)[1],
+                               no_encoder_attn=cfg.no_cross_attention)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside
+        raise RuntimeError("position_transformer cannot be exported with torch.jit.script: its attention calls its "
+                           "position scheme, a Python object; use the model unscripted")
+
+
+# architectures
+
+
+@register_model_architecture("position_transformer", "position_transformer")
+def position_transformer(args):
+    args.position_scheme = getattr(args, "position_scheme", None) or "sinusoidal"
+    args.encoder_position_scheme = getattr(args, "encoder_position_scheme", None)
+    args.decoder_position_scheme = getattr(args, "decoder_position_scheme", None)
+    args.t5_num_buckets = getattr(args, "t5_num_buckets", None) or 32
+    args.t5_max_distance = getattr(args, "t5_max_distance", None) or 128
+    args.rope_base = getattr(args, "rope_base", None) or 10000.0
+    shift = getattr(args, "shape_max_shift", None)
+    args.shape_max_shift = 100 if shift is None else shift
+    base_architecture(args)
+
+
+def _register(scheme):
+    """<scheme>_transformer[_wmt_en_de|_vaswani_wmt_en_de_big|_vaswani_wmt_en_fr_big|_tiny]."""
+    def pick(args):
+        args.position_scheme = getattr(args, "position_scheme", None) or scheme
+
+    for suffix, dims in (("", None), ("_wmt_en_de", transformer_wmt_en_de),
+                         ("_vaswani_wmt_en_de_big", transformer_vaswani_wmt_en_de_big),
+                         ("_vaswani_wmt_en_fr_big", transformer_vaswani_wmt_en_fr_big),
+                         ("_tiny", tiny_architecture)):
+        def arch(args, dims=dims):
+            pick(args)
+            if dims is not None:
+                dims(args)
+            position_transformer(args)
+
+        register_model_architecture("position_transformer", f"{scheme}_transformer{suffix}")(arch)
+
+
+for _scheme in NEW_SCHEMES:
+    _register(_scheme)

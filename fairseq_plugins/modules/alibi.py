@@ -1,0 +1,43 @@
+"""ALiBi (Press, Smith, Lewis, ICLR 2022, arXiv 2108.12409): no position embeddings; a fixed linear penalty on
+the attention logits by distance, with one slope per head::
+
+    e_ij = (x_i W_q)(x_j W_k)^T / sqrt(d_z) − m_h · |i − j|
+
+m_h: a geometric sequence, for H heads (a power of two) m_h = 2^(−8h/H), h = 1..H (8 heads: 1/2, 1/4, …, 1/256);
+for other H, the paper's recipe: the slopes of the nearest smaller power of two, then every other slope of
+twice that many. The paper's causal LM uses −m_h·(i − j) for j ≤ i; the decoder here is the same (future keys are
+masked); the encoder uses the symmetric |i − j|, the usual adaptation for bidirectional attention. No
+parameters; nothing in cross-attention.
+
+Mapping to code: ``alibi_slopes(H)`` is m; ``ALiBi.score_bias(q_pos, k_pos)`` returns −m_h·|i − j| as
+(heads, T, S) for ``PositionalSelfAttention``.
+"""
+
+import math
+from typing import List
+
+import torch
+from torch import Tensor, nn
+
+
+def alibi_slopes(num_heads: int) -> List[float]:
+    def power_of_two(n):
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+    if math.log2(num_heads).is_integer():
+        return power_of_two(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+class ALiBi(nn.Module):
+    rotates = False
+
+    def __init__(self, num_heads: int):
+        super().__init__()
+        # a buffer, not a parameter: fixed slopes that follow the model's device (not saved in checkpoints)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)), persistent=False)
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        distance = (q_pos[:, None] - k_pos[None, :]).abs().to(self.slopes.dtype)
+        return -self.slopes.view(-1, 1, 1) * distance  # (H, T, S)

@@ -1,0 +1,83 @@
+"""Self-attention with a position scheme's hook: a logit bias (T5, ALiBi) or a rotation of q and k (RoPE).
+
+    e_ij = (R_i q_i)·(R_j k_j) / sqrt(d_z) + bias_h(i, j) + mask_ij,   out_i = Σ_j softmax_j(e_ij) v_j
+
+with R = identity for score-bias schemes and bias = 0 for rotary ones (each scheme's module gives its maths).
+Positions are token indices in the padded sequence (0..T−1; during incremental decoding the step's index,
+from the cached keys' length): only differences i − j enter, so fairseq's left-padded sources give each
+sentence the same logits as alone.
+
+Mapping to code: ``PositionalSelfAttention`` is fairseq's ``MultiheadAttention`` (same parameters, names and
+incremental-state layout, so fairseq's beam reordering works unchanged) whose forward projects q, k, v, applies
+``scheme.rotate`` to q and k (before caching k), and calls torch's fused ``scaled_dot_product_attention`` with
+the scheme's bias added to fairseq's masks as one float mask (H, T, S) (or (B, H, T, S) with padding); the
+explicit softmax path runs only when the attention weights are asked for. The scheme object is shared by all
+layers of a stack and owned by the stack (a T5 table is one set of parameters per stack).
+"""
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
+from torch import Tensor
+
+from .floater_attention import _additive_mask
+
+
+class PositionalSelfAttention(MultiheadAttention):
+    def __init__(self, embed_dim: int, num_heads: int, scheme, dropout: float = 0.0, q_noise: float = 0.0,
+                 qn_block_size: int = 8):
+        super().__init__(embed_dim, num_heads, dropout=dropout, self_attention=True, q_noise=q_noise,
+                         qn_block_size=qn_block_size)
+        object.__setattr__(self, "scheme", scheme)  # the stack's: not a submodule of every layer
+
+    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                key_padding_mask: Optional[Tensor] = None, incremental_state=None, need_weights: bool = True,
+                static_kv: bool = False, attn_mask: Optional[Tensor] = None, before_softmax: bool = False,
+                need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        if before_softmax:
+            raise ValueError("PositionalSelfAttention does not return logits before the softmax")
+        tgt_len, bsz, embed_dim = query.size()
+        heads, head_dim = self.num_heads, self.head_dim
+
+        def split(x):  # (T, B, C) → (B, H, T, d)
+            return x.view(x.size(0), bsz, heads, head_dim).permute(1, 2, 0, 3)
+
+        q, k, v = split(self.q_proj(query)), split(self.k_proj(query)), split(self.v_proj(query))
+        saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        start = saved["prev_key"].size(2) if saved is not None and "prev_key" in saved else 0
+        positions = torch.arange(start, start + tgt_len, device=query.device)
+        if self.scheme.rotates:
+            q, k = self.scheme.rotate(q, positions), self.scheme.rotate(k, positions)
+        if saved is not None:
+            if "prev_key" in saved:
+                k = torch.cat([saved["prev_key"], k], dim=2)
+                v = torch.cat([saved["prev_value"], v], dim=2)
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask, saved.get("prev_key_padding_mask"), bsz, k.size(2), False)
+            saved["prev_key"], saved["prev_value"] = k, v
+            saved["prev_key_padding_mask"] = key_padding_mask
+            self._set_input_buffer(incremental_state, saved)
+        src_len = k.size(2)
+        mask = _additive_mask(attn_mask, key_padding_mask, bsz, heads, tgt_len, src_len, q.dtype)
+        bias = self.scheme.score_bias(positions, torch.arange(src_len, device=query.device))
+        if bias is not None:
+            bias = bias.to(q.dtype)
+            mask = bias if mask is None else mask + bias
+        dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
+        weights = None
+        if need_weights or need_head_weights:
+            logits = torch.matmul(q * self.scaling, k.transpose(2, 3))
+            if mask is not None:
+                logits = logits + mask
+            half = logits.dtype in (torch.float16, torch.bfloat16)  # softmax in float32 at least, as fairseq's
+            probs = F.softmax(logits, dim=-1, dtype=torch.float32 if half else logits.dtype).to(q.dtype)
+            out = torch.matmul(F.dropout(probs, dropout_p, self.training), v)
+            weights = probs.transpose(0, 1)  # (H, B, T, S)
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
+        return self.out_proj(out), weights

@@ -1,0 +1,62 @@
+"""T5's relative position bias (Raffel et al., JMLR 2020, arXiv 1910.10683, §2.1).
+
+A learned scalar per head and bucket of the relative distance is added to the attention logits::
+
+    e_ij = (x_i W_q)(x_j W_k)^T / sqrt(d_z) + β_h[bucket(j − i)]
+
+bucket(·): with n = i − j (how far back key j lies from query i),
+- bidirectional (encoder): half of the B buckets for n > 0, the other half for n < 0 (offset B/2), on |n|;
+  causal (decoder): n clamped to ≥ 0, all B buckets;
+- within one direction's B' buckets: n < B'/2 is its own bucket; larger n fall into the remaining B'/2
+  buckets log-spaced up to the maximum distance D, every n ≥ D in the last one.
+Defaults B = 32, D = 128; one table β (B, heads) shared by all layers of a stack (the paper's).
+
+Mapping to code: ``relative_bucket`` is bucket(·); ``T5Bias.score_bias(q_pos, k_pos)`` returns β[bucket] as
+(heads, T, S), which ``PositionalSelfAttention`` adds to its logits. T5 folds 1/sqrt(d_z) into its weight
+initialisation; here fairseq's scaling stays, so the bias adds to the scaled logits. No bias in the
+cross-attention (T5 has none there: source and target positions are not comparable).
+"""
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """bucket(j − i) for relative = j − i (integer tensor), as in the module docstring."""
+    n = -relative
+    bucket = torch.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (n < 0).long() * num_buckets
+        n = n.abs()
+    else:
+        n = n.clamp(min=0)
+    exact = num_buckets // 2
+    # log-spaced buckets for exact ≤ n < max_distance (n = 0 guarded: log of 0 is not used where n < exact)
+    large = exact + (torch.log(n.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+                     * (num_buckets - exact)).long()
+    large = large.clamp(max=num_buckets - 1)
+    return bucket + torch.where(n < exact, n, large)
+
+
+class T5Bias(nn.Module):
+    """One stack's β (num_buckets, heads): ``score_bias`` gives the (heads, T, S) logit bias."""
+
+    rotates = False
+
+    def __init__(self, num_heads: int, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__()
+        exact = num_buckets // (2 if bidirectional else 1) // 2  # distances with a bucket of their own
+        if exact < 1 or max_distance <= exact:
+            raise ValueError(f"--t5-num-buckets {num_buckets} / --t5-max-distance {max_distance}: need at least 2 "
+                             f"buckets per direction and a maximum distance above the {exact} exact ones")
+        self.bidirectional, self.num_buckets, self.max_distance = bidirectional, num_buckets, max_distance
+        self.bias = nn.Embedding(num_buckets, num_heads)
+        nn.init.zeros_(self.bias.weight)  # starts without position information, as NoPE, and learns it
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        buckets = relative_bucket(k_pos[None, :] - q_pos[:, None], self.bidirectional, self.num_buckets,
+                                  self.max_distance)
+        return self.bias(buckets).permute(2, 0, 1)  # (T, S, H) → (H, T, S)
