@@ -13,6 +13,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from fairseq_plugins.modules.position_schemes import NEW_SCHEMES
+
 # (mode name, fairseq-train flags, settings that fairseq-hydra-train would give and the flags cannot)
 MODES = {
     "fp32": ([], {}),
@@ -30,6 +32,7 @@ MODELS = {
     "every-layer": ("transformer_every_layer_pos_tiny", []),
     "floater-N1": ("floater_transformer_tiny", []),
     "floater-N3": ("floater_transformer_tiny", ["--floater-update-every", "3"]),
+    **{name: (f"{name}_transformer_tiny", []) for name in NEW_SCHEMES},  # the table's schemes
 }
 
 
@@ -108,6 +111,8 @@ def master_params(trainer) -> Dict[int, torch.Tensor]:
 def reference_grads(trainer, sample) -> Dict[int, Optional[torch.Tensor]]:
     """The float32 gradient of this update, from a float32 copy of the model holding exactly the weights (and
     buffers, caches) the update is about to use, normalised as fairseq's trainer does (÷ sample size)."""
+    from fairseq import utils
+
     model = trainer.model
     ref = copy.deepcopy(model).float()
     ref.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items()})
@@ -119,7 +124,9 @@ def reference_grads(trainer, sample) -> Dict[int, Optional[torch.Tensor]]:
     criterion = trainer.task.build_criterion(trainer.cfg.criterion)
     fp32_sample = trainer._prepare_sample(copy.deepcopy(sample))[0]
     fp32_sample = _to_float(fp32_sample)
-    loss, sample_size, _ = criterion(ref, fp32_sample)
+    # the update's own random draws (SHAPE's offsets, dropout): Trainer.train_step seeds seed + num_updates
+    with utils.set_torch_seed(trainer.cfg.common.seed + trainer.get_num_updates()):
+        loss, sample_size, _ = criterion(ref, fp32_sample)
     loss.backward()
     return {id(p): None if p_ref.grad is None else p_ref.grad / sample_size
             for p_ref, p in zip(ref.parameters(), model.parameters())}
