@@ -60,6 +60,10 @@ def test_cells_cover_the_tables():
         for size in ("base", "big"):
             assert {f"wmt14_{pair}_{size}_{m}" for m in methods} <= set(CELLS)
     assert {f"wmt14_en_de_base_relative_k{k}" for k in (0, 1, 2, 4, 64, 256)} <= set(CELLS)
+    from fairseq_plugins.modules.position_schemes import NEW_SCHEMES
+
+    assert {f"wmt14_{pair}_{size}_{s}" for pair in ("en_de", "en_fr") for size in ("base", "big")
+            for s in NEW_SCHEMES} <= set(CELLS)
 
 
 @pytest.mark.parametrize("name", CELLS)
@@ -157,6 +161,13 @@ def test_model_matches_the_command_line(name, composed, dict_dir):
         assert hydra_count == textbook
         if name == "wmt14_en_de_base_transformer":  # the well-known figure: 44.1M + the embeddings
             assert textbook - VOCAB * 512 == 44_138_496
+    scheme = re.match(r"(\w+?)_transformer_(wmt_en_de|vaswani_wmt_en_de_big)$", arch)
+    if scheme and scheme.group(1) in ("t5", "rope", "alibi", "shape", "nope"):  # the table's schemes
+        big = "big" in arch
+        d, heads = (1024, 16) if big else (512, 8)
+        textbook = expected_transformer_parameters(d, 4096 if big else 2048, 6, VOCAB)
+        # T5: one table of 32 buckets × heads per stack; the others add no parameter
+        assert hydra_count == textbook + (2 * 32 * heads if scheme.group(1) == "t5" else 0)
 
 
 def test_big_en_fr_dropout(composed, dict_dir):
