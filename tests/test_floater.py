@@ -372,8 +372,8 @@ def parse(argv, capsys):
 def test_bad_flags_give_one_error_line(flag, value, message, capsys):
     code, out = parse(["--arch", "floater_transformer_tiny", flag, value], capsys)
     assert code == 2
-    errors = [line for line in out.err.splitlines() if "error:" in line]
-    assert len(errors) == 1 and message in errors[0]
+    lines = out.err.strip().splitlines()  # the error alone: no usage before it
+    assert len(lines) == 1 and "error:" in lines[0] and message in lines[0], lines
 
 
 def test_flags_in_help_and_defaults(capsys):

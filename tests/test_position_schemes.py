@@ -286,10 +286,11 @@ def _train_argv(arch, *flags):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (("--encoder-position-scheme", "nope"), "--encoder-position-scheme must be one of"),
-    (("--position-scheme", "wavy"), "--position-scheme must be one of"),
-    (("--t5-num-buckets", "2"), "--t5-num-buckets must be an integer >= 4 (got 2)"),
-    (("--shape-max-shift", "-1"), "--shape-max-shift must be an integer >= 0 (got -1)"),
+    (("--encoder-position-scheme", "nope"), "argument --encoder-position-scheme: invalid choice: 'nope'"),
+    (("--position-scheme", "wavy"), "argument --position-scheme: invalid choice: 'wavy'"),
+    (("--t5-num-buckets", "2"), "argument --t5-num-buckets: must be >= 4, got 2"),
+    (("--shape-max-shift", "-1"), "argument --shape-max-shift: must be >= 0, got -1"),
+    (("--rope-base", "x"), "argument --rope-base: expected a number, got 'x'"),
 ])
 def test_a_bad_flag_is_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -304,5 +305,5 @@ def test_a_bad_flag_is_one_line_from_the_command_line(tmp_path):
                            "--encoder-position-scheme", "nope"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "fairseq-train: error: --encoder-position-scheme must be one of sinusoidal, learned, shape, t5, alibi, rope "
-        "(an encoder without positions is permutation-invariant) (got 'nope')"]
+        "fairseq-train: error: argument --encoder-position-scheme: invalid choice: 'nope' (choose from sinusoidal, "
+        "learned, shape, t5, alibi, rope) (an encoder without positions is permutation-invariant)"]

@@ -38,7 +38,7 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ._config import as_namespace
+from ._config import OneLineFlag, as_namespace, one_of, positive
 from ..modules.floater import (
     DEFAULT_SETTINGS,
     SOLVER_NAMES,
@@ -54,41 +54,26 @@ from ..modules.floater import (
 QKV = ("q_proj", "k_proj", "v_proj")
 
 
-def _positive(kind):
-    """argparse type: a finite number > 0 (argparse prints the message as one error line)."""
-
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
-        if not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
-
-
 def add_floater_args(parser):
     """The FLOATER flags (also used by scripts/transformer_to_floater.py); defaults: FloaterSettings'."""
     d = DEFAULT_SETTINGS
-    parser.add_argument("--floater-dt", type=_positive(float), metavar="D",
+    parser.add_argument("--floater-dt", action=OneLineFlag, parse=positive(float), metavar="D",
                         help=f"grid spacing Δ: position i is time t_i = i·Δ (default {d.dt}, the paper's "
                              "Appendix B; the authors' code used 0.01)")
-    parser.add_argument("--floater-method", choices=SOLVER_NAMES, metavar="SOLVER",
+    parser.add_argument("--floater-method", action=OneLineFlag, parse=one_of(SOLVER_NAMES), metavar="SOLVER",
                         help=f"torchdiffeq solver (default {d.method} with 5 steps per Δ, the paper's RK4 at Δ/5; "
                              "fixed-grid solvers take the same Δ/5 steps, adaptive ones (dopri5, ...) use "
                              "--floater-rtol/--floater-atol). One of: " + ", ".join(SOLVER_NAMES))
-    parser.add_argument("--floater-rtol", type=_positive(float), metavar="R",
+    parser.add_argument("--floater-rtol", action=OneLineFlag, parse=positive(float), metavar="R",
                         help=f"relative tolerance of adaptive solvers (default {d.rtol})")
-    parser.add_argument("--floater-atol", type=_positive(float), metavar="A",
+    parser.add_argument("--floater-atol", action=OneLineFlag, parse=positive(float), metavar="A",
                         help=f"absolute tolerance of adaptive solvers (default {d.atol})")
     parser.add_argument("--floater-adjoint", action="store_true",
                         help="back-propagate through the ODE with torchdiffeq's adjoint method "
                              "(odeint_adjoint: less memory, one more solve backwards)")
-    parser.add_argument("--floater-hidden", type=_positive(int), metavar="H",
+    parser.add_argument("--floater-hidden", action=OneLineFlag, parse=positive(int), metavar="H",
                         help="hidden width of the dynamics MLP h (default: the embedding dimension d)")
-    parser.add_argument("--floater-update-every", type=_positive(int), metavar="N",
+    parser.add_argument("--floater-update-every", action=OneLineFlag, parse=positive(int), metavar="N",
                         help=f"re-solve the ODE with gradient every N updates (default {d.update_every}: exact "
                              "gradient every update); in between, cached biases are reused detached: b(0) still "
                              "gets its gradient, the flow θ none (the paper's §4.4 cost trick)")
@@ -100,7 +85,7 @@ def add_floater_args(parser):
     parser.add_argument("--floater-no-cuda-graph", action="store_true",
                         help="the default (step by step); accepted for command lines written when graphs were on "
                              "by default")
-    parser.add_argument("--floater-layers", choices=("all", "input"),
+    parser.add_argument("--floater-layers", action=OneLineFlag, parse=one_of(("all", "input")), metavar="{all,input}",
                         help="blocks whose q/k/v biases follow the flow: all (default) or input (the first "
                              "block only; the others keep ordinary constant biases)")
 

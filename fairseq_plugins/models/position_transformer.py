@@ -14,8 +14,6 @@ Architectures: ``<scheme>_transformer`` (fairseq's ``transformer`` dims), ``_wmt
 ``NEW_SCHEMES``; any other combination through the flags on ``position_transformer``.
 """
 
-import argparse
-
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -30,24 +28,11 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ._config import as_namespace
+from ._config import OneLineFlag, as_namespace, at_least, one_of, positive
 from .relative_transformer import _wrap_layer
 from ..modules.position_schemes import ENCODER_FOR, NEW_SCHEMES, SCHEMES
 from ..modules.positional_attention import PositionalSelfAttention
 from ..modules.shape_positions import ShapePositionalEmbedding
-
-
-class _OneLine(argparse.Action):
-    """A flag's value checked with one line on stderr (argparse's own errors print the whole usage first)."""
-
-    def __init__(self, *args, check=None, expected="", **kwargs):
-        super().__init__(*args, **kwargs)
-        self.check, self.expected = check, expected
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        if not self.check(value):
-            parser.exit(2, f"{parser.prog}: error: {option_string} must be {self.expected} (got {value!r})\n")
-        setattr(namespace, self.dest, value)
 
 
 def _scheme_names(encoder):
@@ -59,21 +44,17 @@ def add_position_args(parser):
     for flag, encoder, what in (("--position-scheme", False, "both stacks (nope: the decoder only)"),
                                 ("--encoder-position-scheme", True, "the encoder (overrides --position-scheme)"),
                                 ("--decoder-position-scheme", False, "the decoder (overrides --position-scheme)")):
-        allowed = _scheme_names(encoder)
-        parser.add_argument(flag, action=_OneLine, check=allowed.__contains__, metavar="SCHEME",
-                            expected=f"one of {', '.join(allowed)}" + (
-                                " (an encoder without positions is permutation-invariant)" if encoder else ""),
+        why = " (an encoder without positions is permutation-invariant)" if encoder else ""
+        parser.add_argument(flag, action=OneLineFlag, parse=one_of(_scheme_names(encoder), why), metavar="SCHEME",
                             help=f"position scheme of {what}: one of {names}")
-    parser.add_argument("--t5-num-buckets", type=int, action=_OneLine, check=lambda v: v >= 4,
-                        expected="an integer >= 4", metavar="B", help="T5 bias: buckets of relative distance")
-    parser.add_argument("--t5-max-distance", type=int, action=_OneLine, check=lambda v: v >= 2,
-                        expected="an integer >= 2", metavar="D",
-                        help="T5 bias: distances from D on share the last bucket")
-    parser.add_argument("--rope-base", type=float, action=_OneLine, check=lambda v: v > 1,
-                        expected="a number > 1", metavar="b", help="RoPE: θ_i = b^(-2i/d) (paper: 10000)")
-    parser.add_argument("--shape-max-shift", type=int, action=_OneLine, check=lambda v: v >= 0,
-                        expected="an integer >= 0", metavar="K",
-                        help="SHAPE: training offsets drawn from 0..K per sequence (none at test)")
+    parser.add_argument("--t5-num-buckets", action=OneLineFlag, parse=at_least(int, 4), metavar="B",
+                        help="T5 bias: buckets of relative distance (default 32)")
+    parser.add_argument("--t5-max-distance", action=OneLineFlag, parse=at_least(int, 2), metavar="D",
+                        help="T5 bias: distances from D on share the last bucket (default 128)")
+    parser.add_argument("--rope-base", action=OneLineFlag, parse=positive(float), metavar="b",
+                        help="RoPE: θ_i = b^(-2i/d) (default 10000, the paper's)")
+    parser.add_argument("--shape-max-shift", action=OneLineFlag, parse=at_least(int, 0), metavar="K",
+                        help="SHAPE: training offsets drawn from 0..K per sequence, none at test (default 100)")
 
 
 def stack_schemes(args):
