@@ -20,7 +20,9 @@ from small_task import run1, small_data, train_cmd  # noqa: E402
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 
-PLUGIN_ARCHS = ["transformer_every_layer_pos_tiny", "relative_transformer_tiny", "floater_transformer_tiny"]
+PLUGIN_ARCHS = ["transformer_every_layer_pos_tiny", "relative_transformer_tiny", "floater_transformer_tiny",
+                "t5_transformer_tiny", "rope_transformer_tiny", "alibi_transformer_tiny", "shape_transformer_tiny",
+                "nope_transformer_tiny"]
 
 
 from tiny_models import one_thread  # noqa: E402, F401  (autouse fixture)
@@ -149,3 +151,20 @@ def test_generate_decodes_in_the_precision_asked_for(data, tmp_path_factory, fla
     same = [i for i in full if full[i][0] == low[i][0]]
     assert len(same) >= 30, f"only {len(same)} of 40 hypotheses survive {flag}"
     assert max(abs(full[i][1] - low[i][1]) for i in same) < 0.1
+
+
+def test_config_conversion_says_nothing_about_fairseqs_hydra_api():
+    """fairseq's convert_namespace_to_omegaconf (every command, every checkpoint load) used to print six Hydra
+    1.0 deprecation notices under hydra-core 1.3; the patch silences those, and only those."""
+    import warnings
+
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), ["data-bin", "--arch", "transformer_tiny"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = convert_namespace_to_omegaconf(args)
+        warnings.warn("a notice of the user's own", UserWarning)
+    assert cfg.model.arch == "transformer_tiny"
+    assert [str(w.message) for w in caught] == ["a notice of the user's own"]

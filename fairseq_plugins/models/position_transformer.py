@@ -174,8 +174,8 @@ class PositionTransformerModel(TransformerModel):
 
     def __prepare_scriptable__(self):
         # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside
-        raise RuntimeError("position_transformer cannot be exported with torch.jit.script: its attention calls its "
-                           "position scheme, a Python object; use the model unscripted")
+        raise RuntimeError(f"{self.args.position_scheme}_transformer cannot be exported with torch.jit.script: the "
+                           "position schemes are Python modules outside TorchScript; use the model unscripted")
 
 
 # architectures
