@@ -56,6 +56,8 @@ logging.getLogger("fairseq.utils").setLevel(logging.WARNING)  # "--user-dir ... 
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "fairseq_plugins"
+
+from fairseq_plugins.modules.position_schemes import NEW_SCHEMES  # noqa: E402  (the table of schemes)
 COMMON_FLAGS = [
     "--task", "translation", "--share-all-embeddings",
     "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
@@ -80,6 +82,11 @@ ARCHS = {
         "floater": ("floater_transformer_tiny", []),
     },
 }
+# The table's schemes, same dims as the Transformer beside them.
+SCHEME_NAMES = NEW_SCHEMES
+for _name in SCHEME_NAMES:
+    ARCHS["base"][_name] = (f"{_name}_transformer_wmt_en_de", BASE_FFN)
+    ARCHS["tiny"][_name] = (f"{_name}_transformer_tiny", [])
 BASELINE = "transformer"
 
 
@@ -92,6 +99,7 @@ def model_specs(dims, floater_every):
         "floater": (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1"], "floater"),
         f"floater_every{floater_every}": (
             archs["floater"][0], archs["floater"][1] + ["--floater-update-every", str(floater_every)], "floater"),
+        **{name: (*archs[name], name) for name in SCHEME_NAMES},
     }
 
 
@@ -718,7 +726,8 @@ def main(argv=None):
     p.add_argument("--reps", default="7", help="timed updates of each model: one number or one per length")
     p.add_argument("--decode-reps", default="3", help="timed decoding calls of each model: one number or one per length")
     p.add_argument("--models", default="relative,floater,floater_cached",
-                   help="compared with the transformer: any of relative, floater, floater_cached (needs floater)")
+                   help="compared with the transformer: any of relative, floater, floater_cached (needs floater), "
+                        + ", ".join(SCHEME_NAMES))
     p.add_argument("--floater-every", type=int, default=100, help="N of the cached FLOATER (--floater-update-every N)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--clock", choices=CLOCKS, default=None,
