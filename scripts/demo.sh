@@ -5,10 +5,11 @@
 # translations.
 #   MODELS="transformer_tiny relative_transformer_tiny floater_transformer_tiny"  (archs to train)
 #   EPOCHS=12  (the shared budget)
+#   OUT=results/demo  (where the tables, plot and translations go)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODELS=${MODELS:-"transformer_tiny relative_transformer_tiny floater_transformer_tiny"}
-OUT=results/demo
+OUT=${OUT:-results/demo}  # where the tables, plot and translations go
 EDGES=1,11,21,31,41,61,81
 mkdir -p "$OUT"
 
