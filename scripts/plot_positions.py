@@ -325,7 +325,7 @@ def save_figure(fig, path):
     return path
 
 
-def _heatmap(ax, sim, title, mark=None, extent_from=0, axis_label="position"):
+def _heatmap(ax, sim, title, mark=None, extent_from=0, axis_label="position", ylabel=True):
     n = sim.shape[0]
     lo = extent_from - 0.5
     image = ax.imshow(sim.numpy() if hasattr(sim, "numpy") else sim, cmap="RdBu_r", vmin=-1, vmax=1,
@@ -335,7 +335,8 @@ def _heatmap(ax, sim, title, mark=None, extent_from=0, axis_label="position"):
             line(mark - 0.5, color="k", lw=0.8, ls="--")
     ax.set_title(title, fontsize=8)
     ax.set_xlabel(axis_label, fontsize=7)
-    ax.set_ylabel(axis_label, fontsize=7)
+    if ylabel:
+        ax.set_ylabel(axis_label, fontsize=7)
     ax.tick_params(labelsize=6)
     return image
 
@@ -372,7 +373,7 @@ def floater_figures(model, label, num_positions, train_max_len, out):
 
     # pooled per block: one row per flow, one column per block, the sinusoid last
     columns = max(len(pooled) for _, pooled in sims) + 1
-    fig, axes = plt.subplots(len(flows), columns, figsize=(2.4 * columns, 2.5 * len(flows)), squeeze=False)
+    fig, axes = plt.subplots(len(flows), columns, figsize=(2.6 * columns, 2.8 * len(flows)), squeeze=False)
     for row, (flow, (_, pooled)) in enumerate(zip(flows, sims)):
         mark = _mark_for(flow["side"], train_max_len)
         for col in range(columns):
@@ -380,9 +381,10 @@ def floater_figures(model, label, num_positions, train_max_len, out):
             if col < len(pooled):
                 block = sorted(pooled)[col]
                 projections = ", ".join(p for b, p in flow["labels"] if b == block)
-                image = _heatmap(ax, pooled[block], f"{flow['flow']} block {block + 1} ({projections})", mark)
+                image = _heatmap(ax, pooled[block], f"{flow['flow']} block {block + 1}\n{projections}", mark,
+                                 ylabel=col == 0)
             elif col == columns - 1:
-                image = _heatmap(ax, reference, f"sinusoid, d = {dim}", mark)
+                image = _heatmap(ax, reference, f"sinusoid, d = {dim}\n(reference)", mark, ylabel=False)
             else:
                 ax.axis("off")
     _colorbar(fig, image, axes)
@@ -406,10 +408,33 @@ def floater_figures(model, label, num_positions, train_max_len, out):
                 ax.axis("off")
                 continue
             image = _heatmap(ax, per_projection[rows[0]], f"{flow['flow']} block {block + 1} {kind}",
-                             _mark_for(flow["side"], train_max_len))
+                             _mark_for(flow["side"], train_max_len), ylabel=c == 0)
     _colorbar(fig, image, axes)
     fig.suptitle(f"{label}: FLOATER biases per projection, cos(b(t_i), b(t_j)){note}", fontsize=9)
     paths.append(save_figure(fig, os.path.join(out, f"{label}_floater_projections.png")))
+
+    # norms: one panel per flow, one line per projection (colour: block, style: projection)
+    styles = {"q": "-", "k": "--", "v": ":", "cross-q": "-.", "cross-k": "--", "cross-v": ":"}
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(flows), figsize=(4.2 * len(flows), 3.4), squeeze=False)
+    for ax, flow in zip(axes[0], flows):
+        norms = flow["biases"].norm(dim=-1)  # (N, k)
+        for j, (block, kind) in enumerate(flow["labels"]):
+            ax.semilogy(range(num_positions), norms[:, j].numpy(), styles.get(kind, "-"),
+                        color=colours[(block or 0) % len(colours)], lw=1, label=f"block {block + 1} {kind}")
+        mark = _mark_for(flow["side"], train_max_len)
+        if mark is not None:
+            ax.axvline(mark - 0.5, color="k", lw=0.8, ls=":")
+        ax.set_title(flow["title"], fontsize=8)
+        ax.set_xlabel("position i", fontsize=7)
+        ax.set_ylabel("||b(t_i)||", fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=5, ncol=2)
+    fig.suptitle(f"{label}: norm of the FLOATER biases b(t_i) = b(0) + Δb(t_i) by position"
+                 f"{_marker_note(train_max_len).replace('dashed', 'dotted')}", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    paths.append(save_figure(fig, os.path.join(out, f"{label}_floater_norms.png")))
     return paths
 
 
@@ -443,8 +468,8 @@ def absolute_figure(model, label, num_positions, train_max_len, out):
         panels = [(panels[0][0], panels[0][1].replace("encoder ", "encoder and decoder "), "source")]
     kind = "learned" if learned else "sinusoidal"
     fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels) + 0.8, 3.0), squeeze=False)
-    for ax, (sim, title, side) in zip(axes[0], panels):
-        image = _heatmap(ax, sim, title, _mark_for(side, train_max_len))
+    for i, (ax, (sim, title, side)) in enumerate(zip(axes[0], panels)):
+        image = _heatmap(ax, sim, title, _mark_for(side, train_max_len), ylabel=i == 0)
     _colorbar(fig, image, axes)
     fig.suptitle(f"{label}: {kind} absolute positions, cos(p_i, p_j){_marker_note(train_max_len)}", fontsize=9)
     return [save_figure(fig, os.path.join(out, f"{label}_{kind}.png"))]
@@ -484,7 +509,7 @@ def relative_figures(model, label, out):
     for t in tables:
         ax = axes[kinds.index(t["table"]), layers.index(t["name"])]
         image = _heatmap(ax, relative_similarity(t), f"{t['name']}: {t['table']}", extent_from=-k,
-                         axis_label="distance")
+                         axis_label="distance", ylabel=layers.index(t["name"]) == 0)
     _colorbar(fig, image, axes)
     fig.suptitle(f"{label}: cosine similarity between the vectors of two distances"
                  + (", averaged over heads" if tables[0]["per_head"] else ""), fontsize=9)
@@ -500,79 +525,88 @@ def neighbour_similarity(vectors):
 
 
 def headline(model, num_positions):
-    """What the compare figure shows for one model: (scheme, heatmap, its title, axis origin, axis label, side,
-    profile curves [(x, y, label, style)], profile x label, profile y label)."""
+    """What the compare figure shows for one model (encoder side), a dict: ``kind``, ``sim`` (heatmap), ``title``,
+    ``origin`` and ``axis`` (the heatmap's first index and axis name), ``side`` (for the training-length mark;
+    None: no positions on the axes), ``profile`` [(x, y, label, style)], ``px``, ``py`` (its axis labels)."""
     import torch
 
     kind = scheme(model)
     if kind == "floater":
-        flow = floater_biases(model, num_positions)[0]
-        per_projection, pooled = floater_similarities(flow)
-        block = min(pooled)
-        rows = [j for j, (b, _) in enumerate(flow["labels"]) if b == block]
+        flow = floater_biases(model, num_positions)[0]  # the encoder's
+        _, pooled = floater_similarities(flow)
         dim = flow["biases"].size(-1)
         embed = model.encoder.embed_positions
         ref = sinusoid(num_positions, dim, module=embed if _is_sinusoid(embed) else None)
-        nb = torch.stack([neighbour_similarity(flow["biases"][:, j]) for j in rows]).mean(0)
+        neighbours = torch.stack([neighbour_similarity(flow["biases"][:, j]) for j in range(flow["biases"].size(1))])
         x = list(range(num_positions - 1))
-        return dict(kind="FLOATER", sim=pooled[block], title=f"{flow['flow']} block {block + 1}, b(t_i), "
-                    "mean over q, k, v", origin=0, axis="position", side="source",
-                    profile=[(x, nb, f"FLOATER {flow['flow']} block {block + 1}", "-"),
+        blocks = f"{len(pooled)} blocks" if len(pooled) > 1 else "block 1"
+        return dict(kind="FLOATER", sim=torch.stack(list(pooled.values())).mean(0),
+                    title=f"biases b(t_i), mean over q, k, v and {blocks}", origin=0, axis="position",
+                    side="source",
+                    profile=[(x, neighbours.mean(0), f"FLOATER (mean of {neighbours.size(0)} projections)", "-"),
                              (x, neighbour_similarity(ref), f"sinusoid, d = {dim}", "--")],
                     px="position i", py="cos(p_i, p_{i+1})")
     if kind == "relative":
-        tables = relative_tables(model)
-        first = tables[0]["name"]
-        keys = [t for t in tables if t["name"] == first]
-        k = keys[0]["k"]
+        tables = [t for t in relative_tables(model) if t["name"].startswith("encoder")] or relative_tables(model)
+        k = tables[0]["k"]
         x = list(range(-k, k + 1))
-        return dict(kind="relative (Shaw)", sim=relative_similarity(keys[0]),
-                    title=f"{first}: {keys[0]['table']}, similarity between distances", origin=-k,
-                    axis="distance", side=None,
-                    profile=[(x, relative_norms(t).mean(0), f"{first} {t['table']}", "-") for t in keys],
-                    px="clipped distance j − i", py="L2 norm (mean over heads)")
+        first = tables[0]["table"]
+        layers = [t for t in tables if t["table"] == first]
+        side = layers[0]["name"].split()[0]
+        profile = []
+        for table in dict.fromkeys(t["table"] for t in tables):
+            norms = torch.stack([relative_norms(t).mean(0) for t in tables if t["table"] == table]).mean(0)
+            profile.append((x, norms, table, "-"))
+        return dict(kind="Shaw relative", sim=torch.stack([relative_similarity(t) for t in layers]).mean(0),
+                    title=f"{side} {first}: similarity between distances,\nmean over heads and {len(layers)} layers",
+                    origin=-k, axis="distance", side=None, profile=profile,
+                    px="clipped distance j − i", py=f"L2 norm ({side}: mean over heads, layers)")
     if kind in ("learned", "sinusoidal"):
         e = absolute_embeddings(model)[0]
         module = e["module"]
         dim = module.embedding_dim
+        everywhere = list(range(num_positions - 1))
         if kind == "learned":
             rows = learned_rows(module, num_positions)
             ref = sinusoid(num_positions, dim)
-            x = list(range(rows.size(0) - 1))
             return dict(kind="learned absolute", sim=cosine_similarity(rows), title=f"{e['part']} learned table",
                         origin=0, axis="position", side="source",
-                        profile=[(x, neighbour_similarity(rows), "learned table", "-"),
-                                 (list(range(num_positions - 1)), neighbour_similarity(ref), f"sinusoid, d = {dim}",
-                                  "--")],
+                        profile=[(list(range(rows.size(0) - 1)), neighbour_similarity(rows), "learned table", "-"),
+                                 (everywhere, neighbour_similarity(ref), f"sinusoid, d = {dim}", "--")],
                         px="position i", py="cos(p_i, p_{i+1})")
         rows = sinusoid(num_positions, dim, module=module)
         return dict(kind="sinusoidal", sim=cosine_similarity(rows), title=f"{e['part']} sinusoid, d = {dim}",
                     origin=0, axis="position", side="source",
-                    profile=[(list(range(num_positions - 1)), neighbour_similarity(rows), f"sinusoid, d = {dim}", "-")],
+                    profile=[(everywhere, neighbour_similarity(rows), f"sinusoid, d = {dim}", "--")],
                     px="position i", py="cos(p_i, p_{i+1})")
     return None
 
 
 def compare_figure(models, labels, num_positions, train_max_len, out):
     plt = _pyplot()
-    shown = [(label, model, headline(model, num_positions)) for label, model in zip(labels, models)]
-    fig, axes = plt.subplots(2, len(shown), figsize=(3.3 * len(shown) + 0.8, 6.0), squeeze=False,
+    shown = [(label, headline(model, num_positions)) for label, model in zip(labels, models)]
+    fig, axes = plt.subplots(2, len(shown), figsize=(3.4 * len(shown) + 0.8, 6.6), squeeze=False,
                              gridspec_kw=dict(height_ratios=(3, 2)))
     image = None
-    for c, (label, model, h) in enumerate(shown):
+    for c, (label, h) in enumerate(shown):
         top, bottom = axes[0, c], axes[1, c]
         if h is None:
             top.set_title(f"{label}: no position encoding", fontsize=8)
             top.axis("off")
             bottom.axis("off")
             continue
-        image = _heatmap(top, h["sim"], f"{label} ({h['kind']})\n{h['title']}",
-                         _mark_for(h["side"], train_max_len) if h["side"] else None, extent_from=h["origin"],
+        mark = _mark_for(h["side"], train_max_len) if h["side"] else None
+        image = _heatmap(top, h["sim"], f"{label} ({h['kind']})\n{h['title']}", mark, extent_from=h["origin"],
                          axis_label=h["axis"])
         for x, y, name, style in h["profile"]:
-            bottom.plot(x, y.numpy() if hasattr(y, "numpy") else y, style, lw=1, label=name)
-        if h["side"] and train_max_len is not None:
-            bottom.axvline(_mark_for(h["side"], train_max_len) - 0.5, color="k", lw=0.8, ls="--")
+            bottom.plot(x, y.numpy() if hasattr(y, "numpy") else y, style, lw=1.2, label=name)
+        if mark is not None:
+            bottom.axvline(mark - 0.5, color="k", lw=0.8, ls=":")
+        bottom.ticklabel_format(axis="y", useOffset=False)
+        low, high = bottom.get_ylim()
+        if high - low < 0.01:  # a flat line (the sinusoid's neighbours): show it flat, not magnified noise
+            middle = (low + high) / 2
+            bottom.set_ylim(middle - 0.01, middle + 0.01)
         bottom.set_xlabel(h["px"], fontsize=7)
         bottom.set_ylabel(h["py"], fontsize=7)
         bottom.tick_params(labelsize=6)
