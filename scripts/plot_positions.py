@@ -12,17 +12,18 @@ sizes come from its embedding tables, so no data directory is needed (the positi
 
 What is drawn (positions are fairseq's: position i is the (i+1)-th token of a sentence, padding does not count):
 
-- FLOATER (``LABEL_floater.png``, ``LABEL_floater_projections.png``): the biases the attention projections
-  actually add at position i, b(t_i) = b(0) + Δb(t_i), computed by the model's own ``FloaterPositions`` (one solve
-  of its three flows, as in evaluation), and their position–position cosine similarity
-  cos(b(t_i), b(t_j)) for i, j < --positions. Per projection (``_projections``: one heatmap per block and projection:
+- FLOATER (``LABEL_floater.png``, ``LABEL_floater_projections.png``, ``LABEL_floater_norms.png``): the biases
+  the attention projections actually add at position i, b(t_i) = b(0) + Δb(t_i), computed by the model's own
+  ``FloaterPositions`` (one solve of its three flows, as in evaluation), and their position–position cosine
+  similarity cos(b(t_i), b(t_j)) for i, j < --positions. Per projection (``_projections``: one heatmap per block and projection:
   encoder q/k/v, decoder self-attention q/k/v and cross-attention q, all indexed by target positions, and the
   cross-attention k/v indexed by source positions), and pooled per block (``_floater``: the mean of that block's
   per-projection similarities, one row per flow). Pooled by the mean of cosines, not the cosine of the
   concatenated biases: the projections' Δb grow at very different rates (in a trained model one projection's
   can be thousands of times larger than the others' at position 100), and a concatenation would show only that
   one. Beside them, the same similarity for fairseq's sinusoidal embedding of the same dimension (the model's
-  own, which FLOATER keeps at the input), so one sees how each continues past the training lengths.
+  own, which FLOATER keeps at the input), so one sees how each continues past the training lengths. Cosines
+  see directions only: ``_norms`` draws ||b(t_i)|| by position, one line per projection (log scale).
 - Learned absolute positions (``LABEL_learned.png``): the cosine similarity of the rows of the learned table(s)
   (positions past the table's length do not exist and are left out), beside the sinusoid of the same dimension.
 - Shaw et al.'s relative positions (``LABEL_relative.png``): the L2 norm of each vector of the a^K and a^V
@@ -37,10 +38,12 @@ target; one number for both) with dashed lines: source-indexed panels get SRC, t
 checkpoint does not record it (--max-source-positions is the model's limit, not the data's).
 
 --compare (implied by several checkpoints) also writes ``compare.png``: one column per checkpoint, its scheme's
-headline picture on top (encoder side: FLOATER's first block pooled, the learned table, the sinusoid, or for
-relative positions the first encoder layer's a^K similarity between distances) and below it a profile: the
-cosine similarity of neighbouring positions, cos(p_i, p_{i+1}) (FLOATER's and the learned table's beside the
-sinusoid's), or the relative tables' mean norm by distance.
+headline picture on top, encoder side (FLOATER: the similarity of the biases averaged over every encoder block's
+q, k, v; the learned table's; the sinusoid's; relative positions: the similarity between the a^K vectors of two
+distances, averaged over heads and encoder layers) and below it a profile: for absolute schemes the cosine
+similarity of neighbouring positions, cos(p_i, p_{i+1}) (FLOATER's averaged over the encoder's projections, and
+FLOATER's and the learned table's beside the sinusoid's), for relative positions the norms of a^K and a^V by
+distance averaged over heads and encoder layers.
 
 Bad input (a missing or unreadable checkpoint, another kind of model, a bad flag) stops with one line on stderr
 naming the file or flag, exit status 2, before anything is written. Figures are written to a temporary name
@@ -585,8 +588,8 @@ def headline(model, num_positions):
 def compare_figure(models, labels, num_positions, train_max_len, out):
     plt = _pyplot()
     shown = [(label, headline(model, num_positions)) for label, model in zip(labels, models)]
-    fig, axes = plt.subplots(2, len(shown), figsize=(3.4 * len(shown) + 0.8, 6.6), squeeze=False,
-                             gridspec_kw=dict(height_ratios=(3, 2)))
+    fig, axes = plt.subplots(2, len(shown), figsize=(3.8 * len(shown) + 0.8, 6.8), squeeze=False,
+                             gridspec_kw=dict(height_ratios=(3, 2), wspace=0.45, hspace=0.45))
     image = None
     for c, (label, h) in enumerate(shown):
         top, bottom = axes[0, c], axes[1, c]
@@ -614,7 +617,8 @@ def compare_figure(models, labels, num_positions, train_max_len, out):
         bottom.legend(fontsize=6)
     if image is not None:
         _colorbar(fig, image, axes[0])
-    fig.suptitle(f"What each position scheme learned (encoder side){_marker_note(train_max_len)}", fontsize=9)
+    note = _marker_note(train_max_len).replace("dashed", "dashed (dotted below)")
+    fig.suptitle(f"What each position scheme learned (encoder side){note}", fontsize=9)
     return [save_figure(fig, os.path.join(out, "compare.png"))]
 
 
