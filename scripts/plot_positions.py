@@ -15,8 +15,8 @@ What is drawn (positions are fairseq's: position i is the (i+1)-th token of a se
 - FLOATER (``LABEL_floater.png``, ``LABEL_floater_projections.png``, ``LABEL_floater_norms.png``): the biases
   the attention projections actually add at position i, b(t_i) = b(0) + Δb(t_i), computed by the model's own
   ``FloaterPositions`` (one solve of its three flows, as in evaluation), and their position–position cosine
-  similarity cos(b(t_i), b(t_j)) for i, j < --positions. Per projection (``_projections``: one heatmap per block and projection:
-  encoder q/k/v, decoder self-attention q/k/v and cross-attention q, all indexed by target positions, and the
+  similarity cos(b(t_i), b(t_j)) for i, j < --positions. Per projection (``_projections``: one heatmap per
+  block and projection: encoder q/k/v, decoder self-attention q/k/v and cross-attention q, all indexed by target positions, and the
   cross-attention k/v indexed by source positions), and pooled per block (``_floater``: the mean of that block's
   per-projection similarities, one row per flow). Pooled by the mean of cosines, not the cosine of the
   concatenated biases: the projections' Δb grow at very different rates (in a trained model one projection's
