@@ -12,18 +12,18 @@ sizes come from its embedding tables, so no data directory is needed (the positi
 
 What is drawn (positions are fairseq's: position i is the (i+1)-th token of a sentence, padding does not count):
 
-- FLOATER (``LABEL_floater.png``, ``LABEL_floater_projections.png``, ``LABEL_floater_norms.png``): the biases
-  the attention projections actually add at position i, b(t_i) = b(0) + Δb(t_i), computed by the model's own
+- FLOATER (``LABEL_floater.png``, ``LABEL_floater_projections.png``, ``LABEL_floater_norms.png``): the biases the
+  attention projections actually add at position i, b(t_i) = b(0) + Δb(t_i), computed by the model's own
   ``FloaterPositions`` (one solve of its three flows, as in evaluation), and their position–position cosine
-  similarity cos(b(t_i), b(t_j)) for i, j < --positions. Per projection (``_projections``: one heatmap per
-  block and projection: encoder q/k/v, decoder self-attention q/k/v and cross-attention q, all indexed by target positions, and the
-  cross-attention k/v indexed by source positions), and pooled per block (``_floater``: the mean of that block's
-  per-projection similarities, one row per flow). Pooled by the mean of cosines, not the cosine of the
-  concatenated biases: the projections' Δb grow at very different rates (in a trained model one projection's
-  can be thousands of times larger than the others' at position 100), and a concatenation would show only that
-  one. Beside them, the same similarity for fairseq's sinusoidal embedding of the same dimension (the model's
-  own, which FLOATER keeps at the input), so one sees how each continues past the training lengths. Cosines
-  see directions only: ``_norms`` draws ||b(t_i)|| by position, one line per projection (log scale).
+  similarity cos(b(t_i), b(t_j)) for i, j < --positions. Per projection (``_projections``: one heatmap per block and
+  projection: encoder q/k/v (source positions), decoder self-attention q/k/v and cross-attention q (target
+  positions), cross-attention k/v (source positions)), and pooled per block (``_floater``: the mean of that block's
+  per-projection similarities, one row per flow). Pooled by the mean of cosines, not the cosine of the concatenated
+  biases: the projections' Δb grow at very different rates (in a trained model one projection's can be thousands of
+  times larger than the others' at position 100), and a concatenation would show only that one. Beside them, the
+  same similarity for fairseq's sinusoidal embedding of the same dimension (the model's own, which FLOATER keeps at
+  the input), so one sees how each continues past the training lengths. Cosines see directions only: ``_norms``
+  draws ||b(t_i)|| by position, one line per projection (log scale).
 - Learned absolute positions (``LABEL_learned.png``): the cosine similarity of the rows of the learned table(s)
   (positions past the table's length do not exist and are left out), beside the sinusoid of the same dimension.
 - Shaw et al.'s relative positions (``LABEL_relative.png``): the L2 norm of each vector of the a^K and a^V
