@@ -122,7 +122,7 @@ def load_model(path):
     from fairseq_plugins.models._config import as_namespace
 
     args = argparse.Namespace(**vars(as_namespace(args)))
-    arch = getattr(args, "arch", None) or getattr(args, "_name", None)
+    arch = getattr(args, "_name", None) or getattr(args, "arch", None)  # as fairseq.models.build_model
     if arch not in ARCH_MODEL_REGISTRY or not issubclass(ARCH_MODEL_REGISTRY[arch], TransformerModel):
         raise BadInput(f"checkpoint {path}: architecture {arch!r} is not one of this project's Transformer models "
                        "(expected transformer*, transformer_every_layer_pos*, relative_transformer* or "

@@ -56,7 +56,8 @@ def make(family, seed=0):
 
 def save(model, args, path):
     """A fairseq checkpoint as fairseq-train writes one (cfg.model is the arch's Namespace), without training."""
-    state = {"args": None, "cfg": {"model": argparse.Namespace(**vars(args))}, "model": model.state_dict(),
+    config = args if isinstance(args, dict) else argparse.Namespace(**vars(args))
+    state = {"args": None, "cfg": {"model": config}, "model": model.state_dict(),
              "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
                                     "lr_scheduler_state": {}, "num_updates": 0}],
              "extra_state": {"train_iterator": {"epoch": 1}}}
@@ -213,6 +214,18 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(checkpoints
     assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"plot_positions.py: {message.format(**fill)}"), err
     assert not (tmp_path / "figures").exists()
+
+
+def test_a_hydra_checkpoint_loads_too(checkpoints, tmp_path):
+    """fairseq-hydra-train saves cfg.model as a config (a dict here) named by ``_name``."""
+    models, _ = checkpoints
+    model, args = make("relative_shared")
+    fields = {k: v for k, v in vars(args).items() if k != "arch"}
+    path = save(model, {"_name": args.arch, **fields}, tmp_path / "hydra.pt")
+    loaded = pp.load_model(str(path))
+    assert pp.scheme(loaded) == "relative" and loaded.checkpoint_arch == "relative_transformer_tiny"
+    for a, b in zip(pp.relative_tables(loaded), pp.relative_tables(model)):
+        torch.testing.assert_close(a["values"], b["values"])
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path, capsys):
