@@ -311,14 +311,14 @@ def _pyplot():
     return plt
 
 
-def save_figure(fig, path):
+def save_figure(fig, path, dpi=100):
     """PNG to a temporary name beside path, then renamed (readable by others, as the other results)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     os.close(fd)
     try:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
@@ -340,6 +340,8 @@ def _heatmap(ax, sim, title, mark=None, extent_from=0, axis_label="position", yl
     ax.set_xlabel(axis_label, fontsize=7)
     if ylabel:
         ax.set_ylabel(axis_label, fontsize=7)
+    else:  # a panel beside one with the same axes
+        ax.tick_params(labelleft=False)
     ax.tick_params(labelsize=6)
     return image
 
@@ -399,8 +401,9 @@ def floater_figures(model, label, num_positions, train_max_len, out):
     columns = [(f, j) for f, flow in enumerate(flows) for j in range(len(flow["labels"]))
                if flow["labels"][j][0] == flows[f]["labels"][0][0]]
     blocks = sorted({b for flow in flows for b, _ in flow["labels"]})
-    fig, axes = plt.subplots(len(blocks), len(columns), figsize=(2.1 * len(columns), 2.2 * len(blocks)),
+    fig, axes = plt.subplots(len(blocks), len(columns), figsize=(2.0 * len(columns), 2.2 * len(blocks)),
                              squeeze=False)
+    short = {"encoder": "enc.", "decoder": "dec.", "cross": "dec."}
     for c, (f, j0) in enumerate(columns):
         flow, (per_projection, _) = flows[f], sims[f]
         kind = flow["labels"][j0][1]
@@ -410,11 +413,11 @@ def floater_figures(model, label, num_positions, train_max_len, out):
             if not rows:
                 ax.axis("off")
                 continue
-            image = _heatmap(ax, per_projection[rows[0]], f"{flow['flow']} block {block + 1} {kind}",
+            image = _heatmap(ax, per_projection[rows[0]], f"{short[flow['flow']]} block {block + 1} {kind}",
                              _mark_for(flow["side"], train_max_len), ylabel=c == 0)
     _colorbar(fig, image, axes)
     fig.suptitle(f"{label}: FLOATER biases per projection, cos(b(t_i), b(t_j)){note}", fontsize=9)
-    paths.append(save_figure(fig, os.path.join(out, f"{label}_floater_projections.png")))
+    paths.append(save_figure(fig, os.path.join(out, f"{label}_floater_projections.png"), dpi=90))
 
     # norms: one panel per flow, one line per projection (colour: block, style: projection)
     styles = {"q": "-", "k": "--", "v": ":", "cross-q": "-.", "cross-k": "--", "cross-v": ":"}
@@ -471,8 +474,8 @@ def absolute_figure(model, label, num_positions, train_max_len, out):
         panels = [(panels[0][0], panels[0][1].replace("encoder ", "encoder and decoder "), "source")]
     kind = "learned" if learned else "sinusoidal"
     fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels) + 0.8, 3.0), squeeze=False)
-    for i, (ax, (sim, title, side)) in enumerate(zip(axes[0], panels)):
-        image = _heatmap(ax, sim, title, _mark_for(side, train_max_len), ylabel=i == 0)
+    for ax, (sim, title, side) in zip(axes[0], panels):
+        image = _heatmap(ax, sim, title, _mark_for(side, train_max_len))  # the panels' lengths may differ
     _colorbar(fig, image, axes)
     fig.suptitle(f"{label}: {kind} absolute positions, cos(p_i, p_j){_marker_note(train_max_len)}", fontsize=9)
     return [save_figure(fig, os.path.join(out, f"{label}_{kind}.png"))]
@@ -505,7 +508,7 @@ def relative_figures(model, label, out):
     heads = "one line per head" if tables[0]["per_head"] else "one table shared by the heads"
     fig.suptitle(f"{label}: relative position vectors (Shaw et al.), norm by distance; {heads}", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    paths.append(save_figure(fig, os.path.join(out, f"{label}_relative.png")))
+    paths.append(save_figure(fig, os.path.join(out, f"{label}_relative.png"), dpi=80))
 
     fig, axes = plt.subplots(len(kinds), len(layers), figsize=(2.3 * len(layers) + 0.8, 2.4 * len(kinds)),
                              squeeze=False)
