@@ -45,8 +45,9 @@ similarity of neighbouring positions, cos(p_i, p_{i+1}) (FLOATER's averaged over
 FLOATER's and the learned table's beside the sinusoid's), for relative positions the norms of a^K and a^V by
 distance averaged over heads and encoder layers.
 
-Bad input (a missing or unreadable checkpoint, another kind of model, a bad flag) stops with one line on stderr
-naming the file or flag, exit status 2, before anything is written. Figures are written to a temporary name
+Bad input (a missing or unreadable checkpoint, another kind of model, a bad flag, FLOATER biases that overflow
+within --positions) stops with one line on stderr naming the file or flag, exit status 2, before anything is
+written. Figures are written to a temporary name
 beside their target and renamed.
 """
 import argparse
@@ -713,15 +714,18 @@ def main(argv=None):
         models = [load_model(path) for path in args.checkpoints]  # everything checked before anything is written
     except BadInput as e:
         fail(str(e))
+    for model, path in zip(models, args.checkpoints):  # FLOATER's solve first (then cached): before any figure
+        if hasattr(model, "floater_positions"):
+            try:
+                floater_biases(model, args.positions)
+            except FloaterSolverError:
+                fail(f"--positions {args.positions}: the FLOATER biases of {path} overflow (non-finite) within that "
+                     "many positions; draw fewer positions")
     written = []
-    try:
-        for model, label in zip(models, args.label):
-            written += figures(model, label, args.positions, args.train_max_len, args.out)
-        if args.compare:
-            written += compare_figure(models, args.label, args.positions, args.train_max_len, args.out)
-    except FloaterSolverError as e:
-        fail(f"--positions {args.positions}: FLOATER's biases are not finite that far ({str(e).splitlines()[0]}); "
-             "draw fewer positions")
+    for model, label in zip(models, args.label):
+        written += figures(model, label, args.positions, args.train_max_len, args.out)
+    if args.compare:
+        written += compare_figure(models, args.label, args.positions, args.train_max_len, args.out)
     for path in written:
         print(path)
 

@@ -216,6 +216,19 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(checkpoints
     assert not (tmp_path / "figures").exists()
 
 
+def test_floater_biases_that_overflow_are_one_line_before_any_figure(tmp_path, capsys):
+    model, args = make("floater")
+    with torch.no_grad():
+        model.encoder.floater_flow.dynamics.fc2.bias.fill_(1e38)  # Δb leaves float32 within a few positions
+    path = save(model, args, tmp_path / "overflow.pt")
+    with pytest.raises(SystemExit) as stop:
+        pp.main([str(path), "--out", str(tmp_path / "figures"), "--positions", "64"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"plot_positions.py: --positions 64: the FLOATER biases of {path} overflow"), err
+    assert not (tmp_path / "figures").exists()
+
+
 def test_a_hydra_checkpoint_loads_too(checkpoints, tmp_path):
     """fairseq-hydra-train saves cfg.model as a config (a dict here) named by ``_name``."""
     models, _ = checkpoints
