@@ -707,9 +707,13 @@ def main(argv=None):
     _register_plugins()  # this checkout's plugins, before anything imports fairseq_plugins
     import torch
 
+    with torch.no_grad():  # not set_grad_enabled(False): main may run inside another program (the tests)
+        _draw(args)
+
+
+def _draw(args):
     from fairseq_plugins.modules.floater import FloaterSolverError
 
-    torch.set_grad_enabled(False)
     try:
         models = [load_model(path) for path in args.checkpoints]  # everything checked before anything is written
     except BadInput as e:

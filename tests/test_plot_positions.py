@@ -223,6 +223,7 @@ def test_floater_biases_that_overflow_are_one_line_before_any_figure(tmp_path, c
     path = save(model, args, tmp_path / "overflow.pt")
     with pytest.raises(SystemExit) as stop:
         pp.main([str(path), "--out", str(tmp_path / "figures"), "--positions", "64"])
+    assert torch.is_grad_enabled()  # main leaves the process's autograd mode as it found it
     err = capsys.readouterr().err
     assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"plot_positions.py: --positions 64: the FLOATER biases of {path} overflow"), err
