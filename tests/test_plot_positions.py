@@ -1,0 +1,254 @@
+"""scripts/plot_positions.py: tiny untrained models of each family saved as fairseq checkpoints; the tool's
+matrices against naive references, its figures, and its one-line errors."""
+import argparse
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq import checkpoint_utils
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.modules import SinusoidalPositionalEmbedding
+
+from conftest import REPO, env
+from floater_helpers import randomize_flows
+from tiny_models import PAD, TASK, one_thread  # noqa: F401  (one_thread: autouse fixture)
+
+sys.path.insert(0, str(REPO / "scripts"))
+import plot_positions as pp  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+N = 40  # positions drawn: past a power of two of FLOATER's cache, past the learned tables' 24 rows
+
+FAMILIES = {
+    "floater": ("floater_transformer_tiny", {}),
+    "sinusoidal": ("transformer_tiny", {}),
+    "learned": ("transformer_tiny", dict(encoder_learned_pos=True, decoder_learned_pos=True,
+                                         max_source_positions=24, max_target_positions=24)),
+    "every_layer_learned": ("transformer_every_layer_pos_tiny", dict(learned_pos=True, max_source_positions=24,
+                                                                      max_target_positions=24)),
+    "relative": ("relative_transformer_tiny", {}),
+    "relative_shared": ("relative_transformer_tiny", dict(relative_per_head=False, max_relative_positions=3)),
+}
+
+
+def build(arch, seed=0, **kw):
+    """(model, its args) of arch on the tiny task (24 words), untrained."""
+    torch.manual_seed(seed)
+    args = argparse.Namespace(arch=arch, dropout=0.0, **kw)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK), args
+
+
+def make(family, seed=0):
+    arch, kw = FAMILIES[family]
+    model, args = build(arch, seed=seed, **kw)
+    if family == "floater":
+        randomize_flows(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # the tables drawn at random, not left as initialised (padding rows too: only rows read)
+        for name, p in model.named_parameters():
+            if "embed_positions" in name or "relative_" in name:
+                p.normal_(generator=g)
+    return model.eval(), args
+
+
+def save(model, args, path):
+    """A fairseq checkpoint as fairseq-train writes one (cfg.model is the arch's Namespace), without training."""
+    config = args if isinstance(args, dict) else argparse.Namespace(**vars(args))
+    state = {"args": None, "cfg": {"model": config}, "model": model.state_dict(),
+             "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
+                                    "lr_scheduler_state": {}, "num_updates": 0}],
+             "extra_state": {"train_iterator": {"epoch": 1}}}
+    checkpoint_utils.torch_persistent_save(state, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("positions")
+    built = {family: make(family) for family in FAMILIES}
+    models = {family: model for family, (model, _) in built.items()}
+    return models, {family: save(model, args, root / f"{family}.pt") for family, (model, args) in built.items()}
+
+
+def naive_cosine(x):
+    x = x.double()
+    return torch.tensor([[float(F.cosine_similarity(a, b, dim=0)) for b in x] for a in x], dtype=torch.float64)
+
+
+def test_floater_biases_are_b0_plus_the_flows_own_solve(checkpoints):
+    models, paths = checkpoints
+    loaded = pp.load_model(str(paths["floater"]))
+    flows = pp.floater_biases(loaded, N)
+    original = models["floater"]
+    parts = {"encoder": (original.encoder.floater_flow, original.encoder.floater_projections),
+             "decoder": (original.decoder.floater_flow, original.decoder.floater_projections),
+             "cross": (original.decoder.floater_cross_flow, original.decoder.floater_cross_projections)}
+    assert [f["flow"] for f in flows] == ["encoder", "decoder", "cross"]
+    for flow in flows:
+        module, projections = parts[flow["flow"]]
+        b0 = torch.stack([p.bias for p in projections]).detach()
+        with torch.no_grad():
+            direct = b0 + module(b0, N)  # FloaterFlow alone: Δb (N, k, d)
+        assert flow["biases"].shape == direct.shape == (N, len(projections), b0.size(-1))
+        torch.testing.assert_close(flow["biases"], direct.double(), rtol=1e-5, atol=1e-6)
+        assert float((flow["biases"][-1] - flow["biases"][0]).abs().max()) > 1e-2  # the biases do move
+    assert flows[0]["labels"] == [(0, "q"), (0, "k"), (0, "v"), (1, "q"), (1, "k"), (1, "v")]
+    assert flows[1]["labels"][:4] == [(0, "q"), (0, "k"), (0, "v"), (0, "cross-q")]
+    assert flows[2]["labels"][:2] == [(0, "cross-k"), (0, "cross-v")]
+
+    per_projection, pooled = pp.floater_similarities(flows[1])
+    for j in (0, 3):
+        torch.testing.assert_close(per_projection[j], naive_cosine(flows[1]["biases"][:, j]))
+    torch.testing.assert_close(pooled[1], per_projection[4:8].mean(0))
+
+
+def test_sinusoid_is_fairseqs_and_its_similarity_symmetric_with_unit_diagonal(checkpoints):
+    models, paths = checkpoints
+    model = pp.load_model(str(paths["sinusoidal"]))
+    dim = model.encoder.embed_positions.embedding_dim
+    rows = pp.sinusoid(N, dim, module=model.encoder.embed_positions)
+    table = SinusoidalPositionalEmbedding.get_embedding(N + PAD + 1, dim, PAD)
+    torch.testing.assert_close(rows, table[PAD + 1:])  # position i is fairseq's row padding_idx + 1 + i
+    torch.testing.assert_close(pp.sinusoid(N, dim), rows)  # the reference beside FLOATER: the same rows
+    sim = pp.cosine_similarity(rows)
+    torch.testing.assert_close(sim, sim.T)
+    torch.testing.assert_close(sim.diagonal(), torch.ones(N, dtype=torch.float64))
+    torch.testing.assert_close(sim, naive_cosine(rows))
+    torch.testing.assert_close(sim[5, 9], sim[20, 24])  # a function of i − j only
+
+
+@pytest.mark.parametrize("family", ["learned", "every_layer_learned"])
+def test_learned_table_similarity_is_the_tables_rows(checkpoints, family):
+    models, paths = checkpoints
+    model = pp.load_model(str(paths[family]))
+    for part in ("encoder", "decoder"):
+        module = getattr(model, part).embed_positions
+        rows = pp.learned_rows(module, N)
+        assert rows.shape[0] == 24  # the table's length, not N
+        torch.testing.assert_close(rows, getattr(models[family], part).embed_positions.weight[PAD + 1:].detach())
+        torch.testing.assert_close(pp.cosine_similarity(rows), naive_cosine(rows))
+    assert pp.scheme(model) == "learned"
+
+
+@pytest.mark.parametrize("family, heads", [("relative", 2), ("relative_shared", 1)])
+def test_relative_norms_are_the_norms_of_the_tables_rows(checkpoints, family, heads):
+    models, paths = checkpoints
+    model = pp.load_model(str(paths[family]))
+    tables = pp.relative_tables(model)
+    layers = len(model.encoder.layers) + len(model.decoder.layers)
+    assert len(tables) == 2 * layers and {t["table"] for t in tables} == {"a^K", "a^V"}
+    original = dict(models[family].named_parameters())
+    k = model.args.max_relative_positions
+    for t in tables:
+        side, _, layer = t["name"].split()
+        name = f"{side}.layers.{int(layer) - 1}.self_attn.relative_{'keys' if t['table'] == 'a^K' else 'values'}"
+        table = original[name].detach().double().reshape(heads, 2 * k + 1, -1)
+        norms = pp.relative_norms(t)
+        assert norms.shape == (heads, 2 * k + 1)
+        for h in range(heads):
+            for m in range(2 * k + 1):
+                assert float(norms[h, m]) == pytest.approx(float(torch.linalg.norm(table[h, m])), rel=1e-12)
+        sim = pp.relative_similarity(t)
+        torch.testing.assert_close(sim, torch.stack([naive_cosine(table[h]) for h in range(heads)]).mean(0))
+        torch.testing.assert_close(sim.diagonal(), torch.ones(2 * k + 1, dtype=torch.float64))
+
+
+def test_one_command_writes_every_figure_as_png(checkpoints, tmp_path):
+    _, paths = checkpoints
+    families = ["floater", "sinusoidal", "learned", "relative"]
+    out = tmp_path / "figures"
+    proc = subprocess.run([sys.executable, "scripts/plot_positions.py", *(str(paths[f]) for f in families),
+                           "--out", str(out), "--positions", str(N), "--train-max-len", "12,14"]
+                          + [a for f in families for a in ("--label", f)],
+                          cwd=REPO, env={**env(), "OMP_NUM_THREADS": "1"}, text=True, capture_output=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = {"floater_floater.png", "floater_floater_projections.png", "floater_floater_norms.png",
+                "sinusoidal_sinusoidal.png", "learned_learned.png", "relative_relative.png",
+                "relative_relative_similarity.png", "compare.png"}
+    assert {p.name for p in out.iterdir()} == expected  # and no temporary file left behind
+    assert sorted(proc.stdout.split()) == sorted(str(out / name) for name in expected)
+    from PIL import Image
+
+    for name in expected:
+        path = out / name
+        assert path.read_bytes()[:8] == PNG and path.stat().st_mode & 0o777 == 0o644
+        with Image.open(path) as image:
+            image.verify()
+            assert image.size[0] > 300 and image.size[1] > 200
+
+
+def test_a_missing_checkpoint_is_one_line_and_exit_2(tmp_path):
+    out = tmp_path / "figures"
+    proc = subprocess.run([sys.executable, "scripts/plot_positions.py", str(tmp_path / "missing.pt"),
+                           "--out", str(out)], cwd=REPO, env={**env(), "OMP_NUM_THREADS": "1"}, text=True,
+                          capture_output=True)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0] == f"plot_positions.py: checkpoint {tmp_path / 'missing.pt'}: no such file " \
+                       "(expected a fairseq checkpoint, .pt)"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{text}"], "checkpoint {text}: not a readable fairseq checkpoint"),
+    (["{ckpt}", "--positions", "1"], "error: argument --positions: expected an integer from 2 to 4096, got '1'"),
+    (["{ckpt}", "--train-max-len", "a,b"], "error: argument --train-max-len: expected SRC or SRC,TGT"),
+    (["{ckpt}", "--label", "a", "--label", "b"], "--label: given 2 time(s) for 1 checkpoint(s)"),
+    (["{ckpt}", "--label", "a/b"], "--label 'a/b': expected letters, digits"),
+    (["{ckpt}", "--out", "{text}"], "--out {text}: exists and is not a folder"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(checkpoints, tmp_path, capsys, args, message):
+    _, paths = checkpoints
+    text = tmp_path / "notes.txt"
+    text.write_text("not a checkpoint\n")
+    fill = dict(text=text, ckpt=paths["sinusoidal"])
+    argv = [a.format(**fill) for a in args]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "figures")]
+    with pytest.raises(SystemExit) as stop:
+        pp.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"plot_positions.py: {message.format(**fill)}"), err
+    assert not (tmp_path / "figures").exists()
+
+
+def test_floater_biases_that_overflow_are_one_line_before_any_figure(tmp_path, capsys):
+    model, args = make("floater")
+    with torch.no_grad():
+        model.encoder.floater_flow.dynamics.fc2.bias.fill_(1e38)  # Δb leaves float32 within a few positions
+    path = save(model, args, tmp_path / "overflow.pt")
+    with pytest.raises(SystemExit) as stop:
+        pp.main([str(path), "--out", str(tmp_path / "figures"), "--positions", "64"])
+    assert torch.is_grad_enabled()  # main leaves the process's autograd mode as it found it
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"plot_positions.py: --positions 64: the FLOATER biases of {path} overflow"), err
+    assert not (tmp_path / "figures").exists()
+
+
+def test_a_hydra_checkpoint_loads_too(checkpoints, tmp_path):
+    """fairseq-hydra-train saves cfg.model as a config (a dict here) named by ``_name``."""
+    models, _ = checkpoints
+    model, args = make("relative_shared")
+    fields = {k: v for k, v in vars(args).items() if k != "arch"}
+    path = save(model, {"_name": args.arch, **fields}, tmp_path / "hydra.pt")
+    loaded = pp.load_model(str(path))
+    assert pp.scheme(loaded) == "relative" and loaded.checkpoint_arch == "relative_transformer_tiny"
+    for a, b in zip(pp.relative_tables(loaded), pp.relative_tables(model)):
+        torch.testing.assert_close(a["values"], b["values"])
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path, capsys):
+    lstm, args = build("lstm", encoder_embed_dim=8, decoder_embed_dim=8, encoder_hidden_size=8,
+                       decoder_hidden_size=8, decoder_out_embed_dim=8, encoder_layers=1, decoder_layers=1,
+                       criterion="cross_entropy")
+    path = save(lstm, args, tmp_path / "lstm.pt")
+    with pytest.raises(SystemExit) as stop:
+        pp.main([str(path), "--out", str(tmp_path / "figures")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "architecture 'lstm' is not one of this project's Transformer models" in err
