@@ -162,6 +162,18 @@ def test_attention_equals_the_papers_equation(name, causal):
     assert weights.shape == (B, T, T)
 
 
+def test_half_precision_keeps_the_angles_and_slopes_exact():
+    """model.half() must not round RoPE's θ or ALiBi's slopes: at position 1,000, θ rounded to float16 puts the
+    rotated vector 0.13 off (relative to |x| + 1), against 6e-4 for float16's own rounding of input and output."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 1, 1, 64, dtype=torch.float64)
+    want = rope_naive(x[0, 0, 0], 1000)
+    got = RoPE(64).half().rotate(x.half(), torch.tensor([1000]))[0, 0, 0].double()
+    assert ((got - want).abs() / (want.abs() + 1)).max() < 2e-3
+    bias = ALiBi(6).half().score_bias(torch.tensor([1000]), torch.tensor([0]), torch.float32)
+    assert bias.dtype == torch.float32 and bias[:, 0, 0].tolist() == [-1000 * m for m in alibi_slopes(6)]
+
+
 def test_rope_logits_depend_on_the_offset_only():
     torch.manual_seed(0)
     rope = RoPE(8).double()

@@ -9,8 +9,9 @@ twice that many. The paper's causal LM uses −m_h·(i − j) for j ≤ i; the d
 masked); the encoder uses the symmetric |i − j|, the usual adaptation for bidirectional attention. No
 parameters; nothing in cross-attention.
 
-Mapping to code: ``alibi_slopes(H)`` is m; ``ALiBi.score_bias(q_pos, k_pos)`` returns −m_h·|i − j| as
-(heads, T, S) for ``PositionalSelfAttention``.
+Mapping to code: ``alibi_slopes(H)`` is m; ``ALiBi.score_bias(q_pos, k_pos, dtype)`` returns −m_h·|i − j| as
+(heads, T, S) in dtype (float32, or float64 for a float64 model: not the model's half precision) for
+``PositionalSelfAttention``.
 """
 
 import math
@@ -35,9 +36,16 @@ class ALiBi(nn.Module):
 
     def __init__(self, num_heads: int):
         super().__init__()
-        # a buffer, not a parameter: fixed slopes that follow the model's device (not saved in checkpoints)
-        self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)), persistent=False)
+        self.num_heads = num_heads
+        self._slopes = {}  # (device, dtype) → m: not a buffer, so that model.half() leaves them exact
 
-    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        distance = (q_pos[:, None] - k_pos[None, :]).abs().to(self.slopes.dtype)
-        return -self.slopes.view(-1, 1, 1) * distance  # (H, T, S)
+    def slopes(self, device, dtype) -> Tensor:
+        slopes = self._slopes.get((device, dtype))
+        if slopes is None:
+            slopes = self._slopes[device, dtype] = torch.tensor(alibi_slopes(self.num_heads), device=device,
+                                                                dtype=dtype)
+        return slopes
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        distance = (q_pos[:, None] - k_pos[None, :]).abs().to(dtype)
+        return -self.slopes(q_pos.device, dtype).view(-1, 1, 1) * distance  # (H, T, S)

@@ -61,7 +61,8 @@ class PositionalSelfAttention(MultiheadAttention):
             self._set_input_buffer(incremental_state, saved)
         src_len = k.size(2)
         mask = _additive_mask(attn_mask, key_padding_mask, bsz, heads, tgt_len, src_len, q.dtype)
-        bias = self.scheme.score_bias(positions, torch.arange(src_len, device=query.device))
+        exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
+        bias = self.scheme.score_bias(positions, torch.arange(src_len, device=query.device), exact)
         if bias is not None:
             bias = bias.to(q.dtype)
             mask = bias if mask is None else mask + bias

@@ -22,15 +22,23 @@ class RoPE(nn.Module):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions: the head dimension must be even, got {head_dim}")
-        theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        self.register_buffer("theta", theta.float(), persistent=False)
+        self.head_dim, self.base = head_dim, base
+        self._theta = {}  # (device, dtype) → θ: not a buffer, so that model.half() leaves the angles exact
+
+    def theta(self, device, dtype) -> Tensor:
+        theta = self._theta.get((device, dtype))
+        if theta is None:
+            exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
+            theta = self._theta[device, dtype] = (self.base ** -exponent).to(device=device, dtype=dtype)
+        return theta
 
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
-        angle = pos.to(torch.float32)[:, None] * self.theta[None, :]  # (T, d/2)
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # angles in float32 at least
+        angle = pos.to(dtype)[:, None] * self.theta(x.device, dtype)[None, :]  # (T, d/2)
         cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
         pairs = x.unflatten(-1, (-1, 2))  # (B, H, T, d/2, 2)
         even, odd = pairs[..., 0], pairs[..., 1]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
-    def score_bias(self, q_pos: Tensor, k_pos: Tensor):
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype):
         return None

@@ -56,7 +56,7 @@ class T5Bias(nn.Module):
         self.bias = nn.Embedding(num_buckets, num_heads)
         nn.init.zeros_(self.bias.weight)  # starts without position information, as NoPE, and learns it
 
-    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         buckets = relative_bucket(k_pos[None, :] - q_pos[:, None], self.bidirectional, self.num_buckets,
                                   self.max_distance)
-        return self.bias(buckets).permute(2, 0, 1)  # (T, S, H) → (H, T, S)
+        return self.bias(buckets).permute(2, 0, 1)  # (T, S, H) → (H, T, S), in the table's dtype
