@@ -58,6 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "fairseq_plugins"
 
 from fairseq_plugins.modules.position_schemes import NEW_SCHEMES  # noqa: E402  (the table of schemes)
+from result_paths import relativize  # noqa: E402  (beside this file)
 COMMON_FLAGS = [
     "--task", "translation", "--share-all-embeddings",
     "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
@@ -771,17 +772,24 @@ def main(argv=None):
         args.clock = "cpu" if args.device == "cpu" else "wall"
     if args.count_ops:
         res = count_ops(args)
+        res = relativize(res)
         for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, ops_markdown(res))):
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text)
+            write_text_atomic(Path(path), text)
         print(ops_markdown(res))
         return
     res = run(args)
     res["notes"] = Path(args.notes).read_text(encoding="utf-8") if args.notes and Path(args.notes).is_file() else None
+    res = relativize(res)  # no absolute path of this machine in the results
     for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, markdown(res))):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text)
+        write_text_atomic(Path(path), text)
     print(markdown(res))
+
+
+def write_text_atomic(path: Path, text: str):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import sacrebleu
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from study_table import temp_beside  # noqa: E402
+from result_paths import portable  # noqa: E402
 
 
 def read_lines(paths, what):
@@ -91,7 +92,8 @@ def cmd_score(args):
     buckets, overall = score_buckets(src, ref, hyp, parse_edges(args.edges))
     result = {"name": args.name, "model": args.model or args.name, "note": args.note, "bleu": overall,
               "sentences": len(src), "buckets": buckets, "length_unit": "source words",
-              "src": args.src, "ref": args.ref, "hyp": args.hyp}
+              "src": [portable(p) for p in args.src], "ref": [portable(p) for p in args.ref],
+              "hyp": [portable(p) for p in args.hyp]}
 
     def write(tmp):
         with open(tmp, "w", encoding="utf-8") as f:

@@ -145,6 +145,7 @@ tabulate() {
   python scripts/study_table.py table --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
     --sentences "$sentences" --out "$OUT" \
     --source-dependence "$OUT/source_dependence" "${split[@]}" ${split:+--split-note "longer than any training sentence"}
+  [ ! -d "$OUT" ] || python scripts/result_paths.py "$OUT" > /dev/null  # older code wrote absolute paths
   if compgen -G "$OUT/runs/*.json" > /dev/null; then
     python scripts/study_table.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
       --title "Multi30k $SRC-$TGT: validation loss (${MAX_TRAIN_LEN:+train <= $MAX_TRAIN_LEN words, }one line per seed)"

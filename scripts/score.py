@@ -13,6 +13,8 @@ import sys
 import sacrebleu
 import sentencepiece as spm
 
+from result_paths import portable  # noqa: E402  (beside this file)
+
 
 def read_hypotheses(generate_log):
     """{sentence id: hypothesis pieces} from fairseq-generate's 'H-<id>\\t<score>\\t<pieces>' lines."""
@@ -65,7 +67,7 @@ def main():
     bleu = sacrebleu.metrics.BLEU()
     score = bleu.corpus_score(hyps, [refs])
     result = {"bleu": round(score.score, 2), "sacrebleu_signature": str(bleu.get_signature()),
-              "sentences": len(refs), "reference": args.ref, "hypotheses": args.hyp_out}
+              "sentences": len(refs), "reference": portable(args.ref), "hypotheses": portable(args.hyp_out)}
     if args.tokenized_bleu:
         from tokenized_bleu import METHOD, tokenized_bleu
 

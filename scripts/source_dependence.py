@@ -22,6 +22,7 @@ from fairseq import checkpoint_utils, utils
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from study_table import write_atomic  # noqa: E402
+from result_paths import portable  # noqa: E402
 
 BATCH = 64  # sentences per forward pass: memory stays small, the sum does not depend on it
 
@@ -63,7 +64,7 @@ def measure(data, checkpoint, subset="test", seed=1):
     true, tokens = reference_loss(model, dataset, list(range(len(dataset))))
     shuffled, tokens_shuffled = reference_loss(model, dataset, derangement(len(dataset), seed))
     assert tokens == tokens_shuffled  # the targets are the same sentences
-    return {"checkpoint": checkpoint, "subset": subset, "sentences": len(dataset), "target_tokens": tokens,
+    return {"checkpoint": portable(checkpoint), "subset": subset, "sentences": len(dataset), "target_tokens": tokens,
             "seed": seed, "true_loss": round(true / tokens, 4), "shuffled_loss": round(shuffled / tokens, 4),
             "gap": round((shuffled - true) / tokens, 4), "unit": "nats per target token"}
 

@@ -31,6 +31,7 @@ from sacrebleu.significance import PairedTest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tokenized_bleu import METHOD_LOWERCASE, prepare, tokenized_bleu  # noqa: E402
+from result_paths import portable  # noqa: E402
 
 ALPHA = 0.05
 RUN_FILE = re.compile(r"\w+\.seed\d+\.json")  # one run's result: MODEL.seedS.json
@@ -122,8 +123,8 @@ def run_result(args):
         "bleu": test["bleu"], "sacrebleu_signature": test["sacrebleu_signature"],
         "bleu_tok_lc": round(tokenized_bleu(hyps, refs, lowercase=True, compounds=False).score, 2),
         "bleu_tok_lc_method": METHOD_LOWERCASE,
-        "sentences": len(refs), "reference": args.ref, "hypotheses": os.path.basename(base + ".hyp"),
-        "checkpoint": test.get("checkpoint"), "beam": test.get("beam"), "lenpen": test.get("lenpen"),
+        "sentences": len(refs), "reference": portable(args.ref), "hypotheses": os.path.basename(base + ".hyp"),
+        "checkpoint": portable(test.get("checkpoint")), "beam": test.get("beam"), "lenpen": test.get("lenpen"),
         "valid_loss": [[u, loss] for u, loss in curve], "train_seconds": round(train_seconds),
         "seconds_per_epoch": round(train_seconds / len(curve), 1) if curve else None,
     }
