@@ -164,7 +164,7 @@ def stepped_gradients(trainer):
 
 
 def trainer_check(data, device, modes, updates=2, update_freq=3):
-    from fairseq_plugins.modules import floater_cuda_graph
+    from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
 
     rows = []
     for mode in modes:
@@ -190,7 +190,7 @@ def trainer_check(data, device, modes, updates=2, update_freq=3):
 def memory_check(device, dims, lengths):
     """Peak memory of one training update at each length, graph vs loop, with what the graphs hold."""
     import bench
-    from fairseq_plugins.modules import floater_cuda_graph
+    from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
 
     rows = []
     dictionary = bench.synthetic_dictionary(1000)

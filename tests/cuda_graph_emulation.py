@@ -313,7 +313,7 @@ def emulated_cuda_graphs(monkeypatch=None):
                 monkeypatch.setattr(torch.cuda.graphs, name, value)
         monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: None, raising=False)
         monkeypatch.setattr(torch.cuda.graph, "default_capture_stream", None)  # else a stand-in outlives us
-        from fairseq_plugins.modules import floater_rk4
+        from fairseq_plugins.modules.floater import rk4 as floater_rk4
 
         monkeypatch.setattr(floater_rk4, "_capturable", _capturable)
         _reset_floater_graph_caches(floater_rk4, monkeypatch.setattr)
@@ -327,7 +327,7 @@ def emulated_cuda_graphs(monkeypatch=None):
 
 def _reset_captures():
     try:
-        from fairseq_plugins.modules import floater_cuda_graph
+        from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
     except ImportError:  # code from before the module existed
         return
     floater_cuda_graph.reset()

@@ -8,7 +8,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
-from fairseq_plugins.modules import floater
+from fairseq_plugins.modules.floater import flows as floater  # solve_flows is looked up there
 from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings
 
 

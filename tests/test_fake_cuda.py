@@ -24,15 +24,15 @@ SCENARIOS.append("floater_transformer_tiny/train_cuda_graph")
 
 # Host syncs outside captures that are known, by "path (function)": each makes the host wait for the device.
 KNOWN_SYNCS = {
-    "fairseq_plugins/modules/floater.py (solve_checked)":
+    "fairseq_plugins/modules/floater/flows.py (solve_checked)":
         "bool() of the solution's finiteness check, once per solver call (one per training forward)",
-    "fairseq_plugins/modules/floater.py (check_decoding_step)":
+    "fairseq_plugins/modules/floater/flows.py (check_decoding_step)":
         "bool() of the decoder features' finiteness check, once per incremental decoding step",
     "fairseq/models/transformer/transformer_encoder.py (forward_scriptable)":
         "fairseq's `if has_pads:` (encoder_padding_mask.any()), twice per encoder forward",
     "fairseq/models/transformer/transformer_decoder.py (extract_features_scriptable)":
         "fairseq's `prev_output_tokens.eq(padding_idx).any()`, once per decoder forward and decoding step",
-    "fairseq_plugins/modules/floater_cuda_graph.py (__init__)":
+    "fairseq_plugins/modules/floater/cuda_graph.py (__init__)":
         "torch.cuda.graph synchronises before each capture (forward and backward), once per captured bucket",
 }
 

@@ -1,4 +1,4 @@
-"""FLOATER's flows and model (fairseq_plugins/modules/floater.py, models/floater_transformer.py): one solve per
+"""FLOATER's flows and model (fairseq_plugins/modules/floater/flows.py, models/floater_transformer.py): one solve per
 forward for all flows, the warm-start identity with fairseq's Transformer, incremental decoding, any length, caching
 and its gradients, validation, flags."""
 import argparse

@@ -1,4 +1,4 @@
-"""FLOATER's position-biased attention (fairseq_plugins/modules/floater_attention.py): positions follow fairseq's
+"""FLOATER's position-biased attention (fairseq_plugins/modules/floater/attention.py): positions follow fairseq's
 numbering, and the fused attention equals fairseq's own path."""
 import argparse
 from pathlib import Path

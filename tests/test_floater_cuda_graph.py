@@ -131,7 +131,7 @@ def test_capture_is_thread_local_on_a_side_stream_of_the_solves_device(emulation
 def test_one_solve_in_flight_and_bounded_graph_memory(emulation):
     """A second forward before the first one's backward runs the loop (its replay would overwrite the tape the
     first backward reads); the graphs hold one tape, of the longest bucket, plus small static buffers."""
-    from fairseq_plugins.modules import floater_cuda_graph
+    from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
     from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings, solve_flows
     from floater_helpers import random_flows, values_and_gradients
 
@@ -167,7 +167,7 @@ def test_non_finite_extra_rows_of_a_bucket_stop_the_solve(emulation):
     from fairseq_plugins.modules.floater import FloaterSolverError, solve_checked
     from floater_helpers import random_flows
 
-    from fairseq_plugins.modules import floater_cuda_graph
+    from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
 
     for scale in (1.0, 1.5, 2.0, 3.0, 4.0, 6.0):
         flows, initial = random_flows(rows=(3, 2), cuda_graph=True)

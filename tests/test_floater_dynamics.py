@@ -1,4 +1,4 @@
-"""FLOATER's dynamics and solver settings (fairseq_plugins/modules/floater_dynamics.py): h's size, torchdiffeq's
+"""FLOATER's dynamics and solver settings (fairseq_plugins/modules/floater/dynamics.py): h's size, torchdiffeq's
 solve of h on the grid, and every solve in float32 for half-precision models and under autocast."""
 import argparse
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""FLOATER's default solve (fairseq_plugins/modules/floater_rk4.py): all flows in one solve against each flow's
+"""FLOATER's default solve (fairseq_plugins/modules/floater/rk4.py): all flows in one solve against each flow's
 torchdiffeq solve of h (values and gradients), the hand-written backward against finite differences, padding rows,
 no host synchronisation, operators per step, and the CUDA-graph path."""
 import argparse
@@ -9,7 +9,7 @@ import torch
 from fairseq import utils
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
-from fairseq_plugins.modules import floater_rk4  # noqa: E402
+from fairseq_plugins.modules.floater import rk4 as floater_rk4  # noqa: E402
 from fairseq_plugins.modules.floater import (  # noqa: E402
     FloaterFlow,
     FloaterSettings,

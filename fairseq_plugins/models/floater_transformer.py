@@ -1,7 +1,7 @@
 """``floater_transformer``: fairseq's Transformer with FLOATER position biases (Liu et al., ICML 2020).
 
-The maths, the solve, its caches and the binding of the biases live in ``fairseq_plugins/modules/floater*.py``
-(``floater.py`` says which file holds what). Here: the flags, and which projections each flow drives.
+The maths, the solve, its caches and the binding of the biases live in ``fairseq_plugins/modules/floater/``
+(the package docstring, ``modules/floater/__init__.py``, says which file holds what). Here: the flags, and which projections each flow drives.
 
 - Encoder: one flow; its state is every driven block's self-attention q, k, v initial bias.
 - Decoder: one flow for every driven block's self-attention q, k, v and cross-attention q (indexed by

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from .floater_attention import _additive_mask
+from .floater.attention import _additive_mask
 
 
 class PositionalSelfAttention(MultiheadAttention):

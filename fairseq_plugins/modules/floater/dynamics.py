@@ -1,9 +1,9 @@
 """FLOATER's model: the dynamics h, the solver settings, and torchdiffeq's solve of h (the reference).
 
 Liu, Yu, Dhillon, Hsieh, "Learning to Encode Position for Transformer with Continuous Dynamical Model",
-ICML 2020 (arXiv 2003.09229). The flows and their caches are in ``floater.py``, the default solve (RK4 in
-latent coordinates, hand-written backward) in ``floater_rk4.py``, the position-biased attention in
-``floater_attention.py``; the fairseq model in ``fairseq_plugins/models/floater_transformer.py``.
+ICML 2020 (arXiv 2003.09229). The flows and their caches are in ``flows.py``, the default solve (RK4 in
+latent coordinates, hand-written backward) in ``rk4.py``, the position-biased attention in
+``attention.py``; the fairseq model in ``fairseq_plugins/models/floater_transformer.py``.
 
 The model
 ---------
@@ -42,7 +42,7 @@ Solver settings
 ``FloaterSettings`` is their one owner and holds their one default: Δ = 0.1 (the paper, Appendix B; the
 authors' code used 0.01), torchdiffeq's ``rk4`` with ``STEPS_PER_DT`` = 5 equal steps per Δ (the paper's
 RK4 at Δ/5) on a grid that contains every t_i exactly, rtol/atol for adaptive solvers, the adjoint, and
-``update_every`` (the paper's §4.4 cost trick, see ``floater.py``). It is validated when it is built, and
+``update_every`` (the paper's §4.4 cost trick, see ``flows.py``). It is validated when it is built, and
 every path builds one: the command line and Hydra configs (``FloaterSettings.from_args`` in the model's
 ``build_model``), ``scripts/transformer_to_floater.py`` (the same), tests (directly).
 
@@ -123,7 +123,7 @@ class FloaterSettings:
         object.__setattr__(self, "cuda_graph", bool(self.cuda_graph))
         if self.cuda_graph and torch.version.hip is not None:
             # HIP invalidates a capture when another thread (NCCL's watchdog) queries an event, even in the
-            # thread-local capture mode that makes this safe on CUDA (floater_cuda_graph.py)
+            # thread-local capture mode that makes this safe on CUDA (cuda_graph.py)
             raise ValueError("--floater-cuda-graph is not supported on ROCm (another thread's event query breaks "
                              "the capture); train without it")
 

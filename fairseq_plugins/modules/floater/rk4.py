@@ -3,7 +3,7 @@ the exact derivative of those steps written out; on CUDA optionally replayed fro
 
 The equations
 -------------
-With z = W1 p (hidden-sized) the dynamics h of ``floater_dynamics.py`` become::
+With z = W1 p (hidden-sized) the dynamics h of ``dynamics.py`` become::
 
     u = relu(z + w1 τ + c1),   dz/dτ = W1 h = (W1 W2) u + (W1 w2) τ + W1 c2,
     p(t_i) = p(t_0) + W2 q(t_i) + w2 (t_i² − t_0²)/2 + c2 (t_i − t_0),   q(t_i) = Σ_steps δ Σ_j b_j u_j
@@ -43,7 +43,7 @@ How it runs
   The parameter sums are one product per grid interval (its 20 stages), so the sweep's own buffers hold one
   interval's stage gradients, not all of them.
 - CUDA with ``--floater-cuda-graph`` (opt-in, ``FloaterSettings.cuda_graph``): a solve with gradient is
-  replayed from CUDA graphs captured once per bucket of lengths (``floater_cuda_graph.py``: its rules for
+  replayed from CUDA graphs captured once per bucket of lengths (``cuda_graph.py``: its rules for
   buffers, memory and capture). CPU, solves without gradient, and the default run the loop.
 
 Used for ``rk4`` without ``--floater-adjoint`` when hidden ≤ 2d (``FloaterFlow.latent``).
@@ -56,9 +56,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from . import floater_cuda_graph
-from .floater_cuda_graph import graph_bucket  # noqa: F401  (the buckets' lengths; tests import it from here)
-from .floater_dynamics import STEPS_PER_DT, FloaterDynamics
+from . import cuda_graph as floater_cuda_graph
+from .cuda_graph import graph_bucket  # noqa: F401  (the buckets' lengths; tests import it from here)
+from .dynamics import STEPS_PER_DT, FloaterDynamics
 
 # torchdiffeq's "rk4" is the 3/8 rule (rk4_alt_step_func).
 RK4_WEIGHTS = (1 / 8, 3 / 8, 3 / 8, 1 / 8)

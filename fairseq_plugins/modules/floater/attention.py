@@ -5,7 +5,7 @@ Block n's query projection with a per-position bias::
     q_i^(n) = W_q^(n) x_i + b_q^(n)(t_i) = W_q^(n) x_i + b_q^(n)(0) + Δb_q^(n)(t_i)
 
 (likewise k and v), where b(0) is the projection's ordinary bias parameter and Δb comes from the flow's solve
-(``floater.py``).
+(``flows.py``).
 
 Mapping to code
 ---------------

@@ -1,15 +1,8 @@
 """FLOATER's flows: one solve for all of a model's flows per forward, its caches, and the decoder's bias table.
 
-Liu, Yu, Dhillon, Hsieh, "Learning to Encode Position for Transformer with Continuous Dynamical Model",
-ICML 2020 (arXiv 2003.09229). The module implements the paper's model exactly, in four files:
-
-- ``floater_dynamics.py``   the paper's equations (h, eq. 8; the per-position biases, eq. 12), ``FloaterDynamics``,
-  ``FloaterSettings`` (the solver settings' one owner and one default), torchdiffeq's solve of h;
-- ``floater_rk4.py``        the default solve: RK4 at Δ/5 in latent coordinates with its hand-written backward;
-- ``floater_attention.py``  the position-biased q/k/v projections and attention;
-- this file                 the flows, their solve and caches, and the binding of their output to the
-  projections of a fairseq encoder/decoder (``bind_encoder_biases``, ``bind_decoder_biases``); the fairseq
-  model (``fairseq_plugins/models/floater_transformer.py``) only registers and wires them.
+The flows, their solve and caches, and the binding of their output to the projections of a fairseq
+encoder/decoder (``bind_encoder_biases``, ``bind_decoder_biases``); the package docstring
+(``__init__.py``) says which file holds the rest.
 
 The solve
 ---------
@@ -25,12 +18,12 @@ block's bias at every position, shared by the batch, the blocks and the sentence
   k and stacked, (F, K, ·), and each evaluation applies flow f's θ to slice f with batched matrix products.
   One forward thus takes 5·(P−1) sequential solver steps, not three times that; padded rows are dropped from
   the result (and get no gradient).
-- Default, ``rk4`` without ``--floater-adjoint``: latent coordinates, ``floater_rk4.py``.
+- Default, ``rk4`` without ``--floater-adjoint``: latent coordinates, ``rk4.py``.
 - The other fixed-grid solvers, and ``--floater-adjoint`` (torchdiffeq's ``odeint_adjoint``), integrate h
   itself on the stacked state, with autograd through the solver (or the adjoint solve). Adaptive solvers
   (dopri5, ...) solve each flow on its own, one call per flow: their step sizes, and the gradient through
   the step-size control, depend on the state they control.
-- Every solve runs in float32 for half-precision models (``floater_dynamics.py``, "Precision").
+- Every solve runs in float32 for half-precision models (``dynamics.py``, "Precision").
 
 Mapping to code
 ---------------
@@ -93,7 +86,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchdiffeq import odeint, odeint_adjoint
 
-from .floater_attention import (  # noqa: F401  (re-exported: the model file and tests import them from here)
+from .attention import (  # noqa: F401  (re-exported: the model file and tests import them from here)
     PositionBiasedLinear,
     PositionBiasedMultiheadAttention,
     bind_biases,
@@ -102,7 +95,7 @@ from .floater_attention import (  # noqa: F401  (re-exported: the model file and
     rows_from_padding_mask,
     token_rows,
 )
-from .floater_dynamics import (  # noqa: F401
+from .dynamics import (  # noqa: F401
     DEFAULT_SETTINGS,
     FIXED_GRID_SOLVERS,
     SOLVER_NAMES,
@@ -117,7 +110,7 @@ from .floater_dynamics import (  # noqa: F401
     solve_dtype,
     solve_on_grid,
 )
-from .floater_rk4 import solve_latent
+from .rk4 import solve_latent
 
 MIN_CACHE = 16  # eval caches hold at least this many positions and grow by doubling
 

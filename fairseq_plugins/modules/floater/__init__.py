@@ -1,0 +1,53 @@
+"""FLOATER: positions from a neural ODE, injected as per-position biases of the attention projections.
+
+Liu, Yu, Dhillon, Hsieh, "Learning to Encode Position for Transformer with Continuous Dynamical Model",
+ICML 2020 (arXiv 2003.09229)::
+
+    p(t) = p(s) + ∫_s^t h(τ, p(τ); θ) dτ,      b^(n)(t_i) = b^(n)(0) + Δb(t_i),  t_i = i·Δ
+
+θ is shared by the blocks a flow drives, each block n has its own initial value b^(n)(0), and b^(n)(t_i) is
+added to block n's q/k/v projections at position i, so h ≡ 0 with b(0) = 0 is the sinusoidal Transformer.
+
+- ``dynamics.py``    the paper's equations (h, eq. 8; the per-position biases, eq. 12), ``FloaterDynamics``,
+  ``FloaterSettings`` (the solver settings' one owner and one default), torchdiffeq's solve of h;
+- ``rk4.py``         the default solve: RK4 at Δ/5 in latent coordinates with its hand-written backward;
+- ``cuda_graph.py``  that solve replayed from CUDA graphs (opt-in, ``--floater-cuda-graph``);
+- ``attention.py``   the position-biased q/k/v projections and attention;
+- ``flows.py``       the flows, their solve and caches, and the binding of their output to a fairseq
+  encoder/decoder; the fairseq model (``fairseq_plugins/models/floater_transformer.py``) only registers and
+  wires them.
+
+This file is the package's public interface: the model, the scripts and the tests import from here.
+"""
+
+from .attention import (  # noqa: F401
+    PositionBiasedLinear,
+    PositionBiasedMultiheadAttention,
+    bind_biases,
+    bind_position_biases,
+    enable_position_biases,
+    rows_from_padding_mask,
+    token_rows,
+)
+from .dynamics import (  # noqa: F401
+    DEFAULT_SETTINGS,
+    FIXED_GRID_SOLVERS,
+    SOLVER_NAMES,
+    STEPS_PER_DT,
+    FloaterDynamics,
+    FloaterSettings,
+    FloaterSolverError,
+    solve_dtype,
+    solve_on_grid,
+)
+from .flows import (  # noqa: F401
+    MIN_CACHE,
+    FloaterFlow,
+    FloaterPositions,
+    bind_decoder_biases,
+    bind_encoder_biases,
+    check_decoding_step,
+    describe_overflow,
+    solve_checked,
+    solve_flows,
+)
