@@ -57,7 +57,7 @@ logging.getLogger("fairseq.utils").setLevel(logging.WARNING)  # "--user-dir ... 
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "fairseq_plugins"
 
-from fairseq_plugins.modules.position_schemes import NEW_SCHEMES  # noqa: E402  (the table of schemes)
+from fairseq_plugins.modules.position_schemes import MODELS as SCHEME_TABLE  # noqa: E402  (the table of schemes)
 from result_paths import relativize  # noqa: E402  (beside this file)
 COMMON_FLAGS = [
     "--task", "translation", "--share-all-embeddings",
@@ -67,32 +67,19 @@ COMMON_FLAGS = [
 PRELOAD = ["fairseq_plugins", "fairseq.options", "fairseq.optim", "fairseq.tasks.translation",
            "fairseq.sequence_generator", "torch._dynamo"]  # torch.optim imports torch._dynamo on first use
 
-# The compared models: (name, architecture, extra flags) per size. The base relative arch pins Shaw et al.'s FFN
-# of 1024, so the Transformer and FLOATER get --encoder/decoder-ffn-embed-dim 1024 too: every model has the same
-# dims and differs only in its position scheme.
+# The compared models, from the table of schemes (fairseq_plugins/modules/position_schemes.py): (architecture, extra
+# flags) per size. The base relative arch pins Shaw et al.'s FFN of 1024, so every model gets
+# --encoder/decoder-ffn-embed-dim 1024: every model has the same dims and differs only in its position scheme.
 BASE_FFN = ["--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024"]
-ARCHS = {
-    "base": {
-        "transformer": ("transformer_wmt_en_de", BASE_FFN),
-        "relative": ("relative_transformer_wmt_en_de", []),
-        "floater": ("floater_transformer_wmt_en_de", BASE_FFN),
-    },
-    "tiny": {
-        "transformer": ("transformer_tiny", []),
-        "relative": ("relative_transformer_tiny", []),
-        "floater": ("floater_transformer_tiny", []),
-    },
-}
-# The table's schemes, same dims as the Transformer beside them.
-SCHEME_NAMES = NEW_SCHEMES
-for _name in SCHEME_NAMES:
-    ARCHS["base"][_name] = (f"{_name}_transformer_wmt_en_de", BASE_FFN)
-    ARCHS["tiny"][_name] = (f"{_name}_transformer_tiny", [])
+ARCHS = {dims: {name: (scheme.arch(dims), list(scheme.flags) + (BASE_FFN if dims == "base" else []))
+                for name, scheme in SCHEME_TABLE.items()}
+         for dims in ("base", "tiny")}
+SCHEME_NAMES = tuple(n for n in SCHEME_TABLE if n not in ("transformer", "relative", "floater"))
 BASELINE = "transformer"
 
 
 def model_specs(dims, floater_every):
-    """name -> (arch, flags, kind) for the four compared models."""
+    """name -> (arch, flags, kind) for every model bench can compare (FLOATER twice: exact and cached)."""
     archs = ARCHS[dims]
     return {
         "transformer": (*archs["transformer"], "transformer"),
@@ -417,9 +404,9 @@ def source_state():
     """The commit measured, and any plugin file that differs from it (uncommitted changes)."""
     import subprocess
 
-    def git(*argv):
+    def git(*argv):  # only trailing whitespace is stripped: porcelain lines start with a status column
         try:
-            return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+            return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=True).stdout.rstrip()
         except (OSError, subprocess.CalledProcessError):
             return None
 
@@ -604,6 +591,10 @@ GOALS = [  # (model, measure, bound, lengths: None = every length)
     ("floater", "train_ratio", 1.15, None),
     ("CACHED", "train_ratio", 1.03, None),
     ("floater", "decode_ratio", 1.02, None),
+    ("rope", "train_ratio", 1.03, None),
+    ("rope", "decode_ratio", 1.03, None),
+    *((m, measure, 1.08, None) for m in ("t5", "alibi") for measure in ("train_ratio", "decode_ratio")),
+    *((m, "memory_ratio", 1.05, None) for m in ("rope", "t5", "alibi")),
 ]
 
 
@@ -636,7 +627,7 @@ def markdown(res):
     cached = f"floater_every{s['floater_every']}"
     other = "wall" if s["clock"] == "cpu" else "cpu"
     lines = [
-        "# Cost of relative positions and FLOATER, as ratios to fairseq's Transformer",
+        "# Cost of each position scheme, as ratios to fairseq's Transformer",
         "",
         f"Command: `{res['command']}`",
         "",

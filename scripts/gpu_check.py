@@ -28,11 +28,12 @@ from pathlib import Path
 
 import torch
 
+from fairseq_plugins.modules.position_schemes import MODELS as SCHEME_MODELS, arch_and_flags
+
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "fairseq_plugins"
-ARCHS = ["transformer_tiny", "relative_transformer_tiny", "transformer_every_layer_pos_tiny",
-         "floater_transformer_tiny", "floater_transformer_tiny --floater-cuda-graph", "t5_transformer_tiny",
-         "rope_transformer_tiny", "alibi_transformer_tiny", "shape_transformer_tiny", "nope_transformer_tiny"]
+# every scheme of the table (fairseq_plugins/modules/position_schemes.py) at its tiny size, and FLOATER's graph path
+ARCHS = [" ".join(arch_and_flags(name)) for name in SCHEME_MODELS] + ["floater_transformer_tiny --floater-cuda-graph"]
 MODES = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"], "amp": ["--amp"]}
 TRAINER_MODES = {"fp32": [], "amp": ["--amp"], "fp16": ["--fp16", "--fp16-init-scale", "16"], "bf16": ["--bf16"]}
 
@@ -353,7 +354,47 @@ def markdown(report) -> str:
         lines += [f"`{bench['command']}`: see `{relative(report['out_dir'])}/gpu_check_bench.md`."]
     else:
         lines += [f"failed: {bench['error']}"]
+    lines += ["", "## Verdict", "", "| check | bound | worst | passed |", "|---|---|---:|---|"]
+    lines += [f"| {v['check']} | {v['bound']} | {fmt(v['worst'])} | {'yes' if v['passed'] else '**no**'} |"
+              for v in report["verdicts"]]
     return "\n".join(lines) + "\n"
+
+
+# Bounds: the graph replays the loop's kernels on the same inputs, so values and gradients agree to the rounding
+# of a differently ordered reduction at most; half precision's loss after 200 updates stays near float32's.
+SOLVE_BOUND = 1e-5
+TRAINER_BOUND = {"fp32": 1e-5, "amp": 1e-3, "fp16": 1e-3, "bf16": 1e-2}
+LOSS_BOUND = 0.15  # |loss − fp32 loss| / fp32 loss after the precision runs
+TAPE_MARGIN = 1.5  # what the graphs hold, against the predicted tape of the longest bucket
+
+
+def verdicts(report):
+    """One row per check: its bound, the worst value measured, and whether it passed (the exit status)."""
+    out = []
+
+    def add(check, bound, values, passed):
+        values = [v for v in values if v is not None]
+        out.append({"check": check, "bound": bound, "worst": max(values) if values else None,
+                    "passed": bool(passed)})
+
+    solve = [max(r["values"], r["gradients"]) for r in report["solve"]]
+    add("solve: graph vs loop (values, gradients)", f"≤ {SOLVE_BOUND:g}", solve,
+        solve and all(v <= SOLVE_BOUND for v in solve))
+    for r in report["trainer"]:
+        bound = TRAINER_BOUND[r["mode"]]
+        add(f"Trainer {r['mode']}, --update-freq {r['update_freq']}: gradient, graph vs loop", f"≤ {bound:g}",
+            [r["gradient_error"]], r["gradient_error"] <= bound and r["captured_buckets"] > 0)
+    held = [(r["held_by_graphs_mib"], r["predicted_tape_mib"]) for r in report["memory"]
+            if r.get("graph") and r["length"] != "end"]
+    if held:
+        ratio = max(h / max(t, 1e-9) for h, t in held)
+        add("graph memory / predicted tape", f"≤ {TAPE_MARGIN:g}", [ratio], ratio <= TAPE_MARGIN)
+    drift = [abs(r["train_loss"] - r["fp32_loss"]) / r["fp32_loss"] for r in report["precision"]
+             if r["ok"] and r["train_loss"] is not None and r["fp32_loss"]]
+    add("every arch × precision trains and decodes; loss vs fp32 (relative)", f"≤ {LOSS_BOUND:g}", drift,
+        all(r["ok"] for r in report["precision"]) and all(d <= LOSS_BOUND for d in drift))
+    add("benchmark ran", "", [], report["bench"]["ok"])
+    return out
 
 
 def prepare_toy_data(data_dir):
@@ -416,9 +457,14 @@ def main(argv=None):
     log(f"3. bench: {time.time() - t:.0f} s")
     report["seconds"] = time.time() - started
     report["out_dir"] = relative(out_dir)
+    report["verdicts"] = verdicts(report)
     write_atomic(out_dir / "gpu_check.json", json.dumps(report, indent=1) + "\n")
     write_atomic(out_dir / "gpu_check.md", markdown(report))
     log(f"written: {relative(out_dir / 'gpu_check.md')}")
+    failed = [v["check"] for v in report["verdicts"] if not v["passed"]]
+    if failed:  # the report is written either way; the status says whether anything GPU-only may become a default
+        log("FAILED: " + "; ".join(failed))
+        return 1
     return 0
 
 

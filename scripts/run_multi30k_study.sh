@@ -18,6 +18,8 @@
 #   floater_warm    FLOATER by its paper's protocol: the same seed's trained transformer converted exactly
 #                   (scripts/transformer_to_floater.py), fine-tuned FT_EPOCHS epochs at half the peak lr
 #   transformer_ft  control: the same seed's transformer fine-tuned exactly like floater_warm, without FLOATER
+#   any other model name of the table of schemes (python -m fairseq_plugins models: learned, every_layer, shape,
+#                   t5, alibi, rope, nope), its _tiny architecture with the dimensions of MODEL_ARGS
 # Every run is evaluated on the average of its last AVG (fine-tunes: FT_AVG) epoch checkpoints, beam 5, length
 # penalty 1: sacreBLEU (cased, detokenized, with signature) and the literature's tokenized lowercased BLEU.
 #
@@ -73,13 +75,14 @@ done
 [[ $LENPEN =~ ^[0-9]*\.?[0-9]+$ ]] || die "LENPEN=$LENPEN: expected a number"
 [ -n "${SEEDS// /}" ] || die "SEEDS is empty: expected positive integers, e.g. \"1 2 3\""
 for s in $SEEDS; do [[ $s =~ ^[1-9][0-9]*$ ]] || die "SEEDS=\"$SEEDS\": expected positive integers, got '$s'"; done
-[ -n "${MODELS// /}" ] || die "MODELS is empty: expected some of transformer relative floater floater_warm transformer_ft"
+[ -n "${MODELS// /}" ] || die "MODELS is empty: expected some of $(python -m fairseq_plugins models) floater_warm transformer_ft"
+TABLE=" $(python -m fairseq_plugins models) "  # the table of schemes: fairseq_plugins/modules/position_schemes.py
 for m in $MODELS; do
   case $m in
-    transformer|relative|floater) ;;
     floater_warm|transformer_ft) [[ " $MODELS " == *" transformer "* ]] ||
       die "MODELS=\"$MODELS\": $m starts from the transformer of the same seed, so MODELS must list transformer" ;;
-    *) die "MODELS=\"$MODELS\": unknown model '$m' (expected transformer relative floater floater_warm transformer_ft)" ;;
+    *) [[ $TABLE == *" $m "* ]] ||
+      die "MODELS=\"$MODELS\": unknown model '$m' (expected one of${TABLE}floater_warm transformer_ft)" ;;
   esac
 done
 (( AVG <= EPOCHS )) || die "AVG=$AVG: expected at most EPOCHS=$EPOCHS checkpoints to average"
@@ -233,11 +236,9 @@ PY
   local lock
   exec {lock}> "$dir/.lock"
   flock -n "$lock" || { echo "== $name: another study process is running it ($dir/.lock): left to that one"; return 0; }
-  local arch epochs=$EPOCHS warmup=$WARMUP lr=$LR avg=$AVG extra=() offset=0 origin=
+  local arch flags epochs=$EPOCHS warmup=$WARMUP lr=$LR avg=$AVG extra=() offset=0 origin=
   case $model in
-    transformer) arch=transformer_tiny ;;
     relative) arch=relative_transformer_tiny extra=(--max-relative-positions 16) ;;  # Shaw et al. base: k = 16
-    floater) arch=floater_transformer_tiny ;;
     floater_warm|transformer_ft)
       local source=$CKPT_ROOT/transformer.seed$seed/checkpoint_last.pt
       [ -s "$OUT/runs/transformer.seed$seed.json" ] ||
@@ -256,6 +257,9 @@ PY
       else
         arch=transformer_tiny extra=(--finetune-from-model "$source")
       fi ;;
+    *) read -r arch flags <<< "$(python -m fairseq_plugins arch "$model")"  # the table's tiny arch and flags
+       # shellcheck disable=SC2206
+       extra=($flags) ;;
   esac
   echo "== $name: training $arch (log: $dir/train.log)"
   # shellcheck disable=SC2086

@@ -41,6 +41,28 @@ def test_dry_run_writes_every_section(data, tmp_path):
         for path in (str(REPO), str(tmp_path), "/tmp/", "/home/"):
             assert path not in text, path
     assert not list(out.glob(".*"))  # no temporary file left
+    assert "## Verdict" in md and report["verdicts"] and all(v["passed"] for v in report["verdicts"])
+
+
+def test_a_check_out_of_bounds_fails_the_run():
+    """The verdict table and the exit status: a graph gradient off by 1% in float32, or a graph path that never
+    captured, fails; the same report within bounds passes."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    report = {"solve": [{"positions": 21, "values": 0.0, "gradients": 1e-7}],
+              "trainer": [{"mode": "fp32", "update_freq": 3, "gradient_error": 1e-8, "captured_buckets": 2}],
+              "memory": [{"graph": True, "length": 32, "held_by_graphs_mib": 10.0, "predicted_tape_mib": 9.0}],
+              "precision": [{"ok": True, "train_loss": 5.0, "fp32_loss": 5.1}], "bench": {"ok": True}}
+    assert all(v["passed"] for v in gpu_check.verdicts(report))
+    for broken in ({"gradient_error": 1e-2}, {"captured_buckets": 0}):
+        bad = {**report, "trainer": [{**report["trainer"][0], **broken}]}
+        assert [v["check"] for v in gpu_check.verdicts(bad) if not v["passed"]] == [
+            "Trainer fp32, --update-freq 3: gradient, graph vs loop"]
+    bad = {**report, "precision": [{"ok": True, "train_loss": 8.0, "fp32_loss": 5.0}]}
+    assert not gpu_check.verdicts(bad)[-2]["passed"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")

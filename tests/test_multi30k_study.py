@@ -130,6 +130,19 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_any_scheme_of_the_table_runs_by_name(corpus, tmp_path):
+    """MODELS takes every model name of the table of schemes (fairseq_plugins/modules/position_schemes.py): its
+    _tiny architecture with the table's flags, and a claim row against the Transformer."""
+    study(corpus, tmp_path, MODELS="transformer rope learned", SEEDS="1")
+    runs = tmp_path / "results" / "runs"
+    assert json.loads((runs / "rope.seed1.json").read_text())["arch"] == "rope_transformer_tiny"
+    learned = tmp_path / "ckpt" / "learned.seed1" / "train.log"
+    assert "encoder_learned_pos=True" in learned.read_text(encoding="utf-8").replace("'encoder_learned_pos': True",
+                                                                                    "encoder_learned_pos=True")
+    table = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+    assert "| rope > sinusoidal (Su et al., RoFormer" in table and "| learned > sinusoidal (Gehring" in table
+
+
 def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpus, tmp_path):
     """Checkpoints stay on the machine that trained them. In a new session (no checkpoints, the results kept) a
     fine-tune still to run needs its seed's transformer: the script trains it again with the same command, keeps
@@ -212,8 +225,9 @@ def test_train_short_test_long_protocol(corpus, tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     ({"JOBS": "two"}, "JOBS=two: expected a positive integer"),
     ({"SEEDS": "1 x"}, "SEEDS=\"1 x\": expected positive integers, got 'x'"),
-    ({"MODELS": "transformer shaw"}, "MODELS=\"transformer shaw\": unknown model 'shaw' "
-                                     "(expected transformer relative floater floater_warm transformer_ft)"),
+    ({"MODELS": "transformer shaw"}, "MODELS=\"transformer shaw\": unknown model 'shaw' (expected one of "
+                                     "transformer learned every_layer shape t5 alibi rope nope relative floater "
+                                     "floater_warm transformer_ft)"),
     ({"MODELS": "floater_warm"}, "MODELS=\"floater_warm\": floater_warm starts from the transformer of the same "
                                  "seed, so MODELS must list transformer"),
     ({"AVG": "3"}, "AVG=3: expected at most EPOCHS=1 checkpoints to average"),

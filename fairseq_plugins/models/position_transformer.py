@@ -30,17 +30,19 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 
 from ._config import OneLineFlag, as_namespace, at_least, one_of, positive
 from .relative_transformer import _wrap_layer
-from ..modules.position_schemes import ENCODER_FOR, NEW_SCHEMES, SCHEMES
+from ..modules.position_schemes import NEW_SCHEMES, SCHEMES
+
+STACK_SCHEMES = {n: s for n, s in SCHEMES.items() if s.selectable}  # what --position-scheme can name
 from ..modules.positional_attention import PositionalSelfAttention
 from ..modules.shape_positions import ShapePositionalEmbedding
 
 
 def _scheme_names(encoder):
-    return [n for n, s in SCHEMES.items() if s.encoder or not encoder]
+    return [n for n, s in STACK_SCHEMES.items() if s.encoder or not encoder]
 
 
 def add_position_args(parser):
-    names = ", ".join(SCHEMES)
+    names = ", ".join(STACK_SCHEMES)
     for flag, encoder, what in (("--position-scheme", False, "both stacks (nope: the decoder only)"),
                                 ("--encoder-position-scheme", True, "the encoder (overrides --position-scheme)"),
                                 ("--decoder-position-scheme", False, "the decoder (overrides --position-scheme)")):
@@ -60,13 +62,14 @@ def add_position_args(parser):
 def stack_schemes(args):
     """(encoder scheme, decoder scheme) names from the flags, checked (ValueError with one line)."""
     both = args.position_scheme
-    encoder = args.encoder_position_scheme or ENCODER_FOR.get(both, both)
+    partner = STACK_SCHEMES[both].encoder_partner if both in STACK_SCHEMES else None
+    encoder = args.encoder_position_scheme or partner or both
     decoder = args.decoder_position_scheme or both
     for side, name in (("encoder", encoder), ("decoder", decoder)):
-        if name not in SCHEMES or (side == "encoder" and not SCHEMES[name].encoder):
+        if name not in STACK_SCHEMES or (side == "encoder" and not STACK_SCHEMES[name].encoder):
             raise ValueError(f"--{side}-position-scheme must be one of {', '.join(_scheme_names(side == 'encoder'))}"
                              f" (got {name!r})")
-    return SCHEMES[encoder], SCHEMES[decoder]
+    return STACK_SCHEMES[encoder], STACK_SCHEMES[decoder]
 
 
 def _positional(layer_base):
@@ -213,4 +216,4 @@ def _register(scheme):
 
 
 for _scheme in NEW_SCHEMES:
-    _register(_scheme)
+    _register(_scheme)  # the table's arch prefix is f"{_scheme}_transformer" (checked by the tests)

@@ -1,20 +1,23 @@
-"""The table of position schemes: each scheme's kind, paper and what it builds in an encoder or decoder stack.
+"""The table of position schemes: every scheme the project compares, its kind, paper, architectures and flags.
 
 Every scheme enters a Transformer at one of a few hooks (the kinds):
-- ``embedding``: a position embedding added to the token embeddings (fairseq's sinusoidal and learned; SHAPE);
+- ``embedding``: a position embedding added to the token embeddings (fairseq's sinusoidal and learned; SHAPE),
+  or to the input of every block (FLOATER's Table 2 baseline, ``transformer_every_layer_pos``);
 - ``score bias``: an additive (heads, T, S) logit bias in self-attention (T5, ALiBi);
 - ``rotary``: a rotation of q and k in self-attention (RoPE);
 - ``none``: no position at all (NoPE; decoder only: its causal mask carries order, while an encoder without
-  positions is permutation-invariant).
-Shaw et al.'s relative vectors (``relative_transformer``) and FLOATER's projection biases
-(``floater_transformer``) change the attention itself and keep their own model families.
+  positions is permutation-invariant);
+- ``relative vectors`` (Shaw et al.) and ``projection biases`` (FLOATER): they change the attention's
+  products themselves, so they keep model families of their own.
 
-``SCHEMES`` is the one list the model family (``position_transformer``), its architectures and the tests read.
-Adding a scheme: its module (the maths, one docstring) and one row here.
+``SCHEMES`` is the one list every other place reads: the ``position_transformer`` family (its
+``--position-scheme`` choices and ``<scheme>_transformer_*`` architectures), the benchmark, the demo, the
+Multi30k scripts, the study's claims and the tests. Scripts name a scheme by its ``model`` name (``transformer``,
+``relative``, ``floater``, ``rope``, ...). Adding a scheme: its module (the maths, one docstring) and one row here.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from torch import nn
 
@@ -22,34 +25,92 @@ from .alibi import ALiBi
 from .rope import RoPE
 from .t5_bias import T5Bias
 
+# fairseq's architecture sizes: the suffix every family's architectures carry
+SIZES = {"fairseq": "", "base": "_wmt_en_de", "big": "_vaswani_wmt_en_de_big",
+         "big_en_fr": "_vaswani_wmt_en_fr_big", "tiny": "_tiny"}
+KINDS = ("embedding", "score bias", "rotary", "none", "relative vectors", "projection biases")
+POSITION_TRANSFORMER = "position_transformer"  # the family that builds any scheme with a ``stack`` hook
+
 
 @dataclass(frozen=True)
 class Scheme:
-    name: str
-    kind: str  # embedding | score bias | rotary | none
+    name: str  # as --position-scheme names it
+    model: str  # as scripts name it (demo, bench, the Multi30k study): transformer, relative, floater, rope, ...
+    kind: str  # one of KINDS
     paper: str
-    # the stack's attention scheme (cfg, heads, head dim, causal) → module, or None: fairseq's own attention
+    family: str  # the fairseq model (register_model) that builds it
+    arch_prefix: Optional[str]  # architectures: arch_prefix + SIZES[size]; None: flags on another's archs
+    flags: Tuple[str, ...] = ()  # what the scheme adds to its architectures' command line
+    # position_transformer's hooks: the stack's attention (cfg, heads, head dim, causal) -> module, or None
     attention: Optional[Callable[..., nn.Module]] = None
     embedding: str = "none"  # sinusoidal | learned | shape | none: what the stack adds to its token embeddings
     encoder: bool = True  # may an encoder use it
+    encoder_partner: Optional[str] = None  # the encoder's scheme in the scheme's own architectures (NoPE)
+
+    def arch(self, size="tiny"):
+        """The architecture of this scheme at one of fairseq's sizes (``SIZES``)."""
+        if size not in SIZES:
+            raise ValueError(f"size must be one of {', '.join(SIZES)} (got {size!r})")
+        return f"{self.arch_prefix or 'transformer'}{SIZES[size]}"
+
+    @property
+    def selectable(self):
+        """Whether ``position_transformer`` builds it (``--position-scheme``)."""
+        return self.family == POSITION_TRANSFORMER or self.embedding in ("sinusoidal", "learned")
 
 
+_FAIRSEQ = "transformer"
 SCHEMES = {s.name: s for s in (
-    Scheme("sinusoidal", "embedding", "Vaswani et al., NeurIPS 2017", embedding="sinusoidal"),
-    Scheme("learned", "embedding", "Gehring et al., ICML 2017", embedding="learned"),
-    Scheme("shape", "embedding", "Kiyono et al., EMNLP 2021 (arXiv 2109.05644)", embedding="shape"),
-    Scheme("t5", "score bias", "Raffel et al., JMLR 2020 (arXiv 1910.10683)",
+    Scheme("sinusoidal", "transformer", "embedding", "Vaswani et al., NeurIPS 2017 (arXiv 1706.03762)",
+           _FAIRSEQ, "transformer", embedding="sinusoidal"),
+    Scheme("learned", "learned", "embedding", "Gehring et al., ICML 2017 (arXiv 1705.03122)",
+           _FAIRSEQ, None, flags=("--encoder-learned-pos", "--decoder-learned-pos"), embedding="learned"),
+    Scheme("every_layer", "every_layer", "embedding", "Liu et al., ICML 2020, Table 2 (sinusoid in every block)",
+           "transformer_every_layer_pos", "transformer_every_layer_pos"),
+    Scheme("shape", "shape", "embedding", "Kiyono et al., EMNLP 2021 (arXiv 2109.05644)",
+           POSITION_TRANSFORMER, "shape_transformer", embedding="shape"),
+    Scheme("t5", "t5", "score bias", "Raffel et al., JMLR 2020 (arXiv 1910.10683)",
+           POSITION_TRANSFORMER, "t5_transformer",
            attention=lambda cfg, heads, head_dim, causal: T5Bias(heads, bidirectional=not causal,
                                                                  num_buckets=cfg.t5_num_buckets,
                                                                  max_distance=cfg.t5_max_distance)),
-    Scheme("alibi", "score bias", "Press et al., ICLR 2022 (arXiv 2108.12409)",
+    Scheme("alibi", "alibi", "score bias", "Press et al., ICLR 2022 (arXiv 2108.12409)",
+           POSITION_TRANSFORMER, "alibi_transformer",
            attention=lambda cfg, heads, head_dim, causal: ALiBi(heads)),
-    Scheme("rope", "rotary", "Su et al., RoFormer (arXiv 2104.09864)",
+    Scheme("rope", "rope", "rotary", "Su et al., RoFormer (arXiv 2104.09864)",
+           POSITION_TRANSFORMER, "rope_transformer",
            attention=lambda cfg, heads, head_dim, causal: RoPE(head_dim, base=cfg.rope_base)),
-    Scheme("nope", "none", "Kazemnejad et al., NeurIPS 2023 (arXiv 2305.19466)", encoder=False),
+    Scheme("nope", "nope", "none", "Kazemnejad et al., NeurIPS 2023 (arXiv 2305.19466)",
+           POSITION_TRANSFORMER, "nope_transformer", encoder=False, encoder_partner="sinusoidal"),
+    Scheme("shaw", "relative", "relative vectors", "Shaw et al., NAACL 2018 (arXiv 1803.02155)",
+           "relative_transformer", "relative_transformer"),
+    Scheme("floater", "floater", "projection biases", "Liu et al., ICML 2020 (arXiv 2003.09229)",
+           "floater_transformer", "floater_transformer"),
 )}
 
-# The schemes with architectures of their own: `<name>_transformer_<size>`, the decoder's scheme named, the encoder
-# paired with it (NoPE's decoder with a sinusoidal encoder).
-NEW_SCHEMES = ("t5", "rope", "alibi", "shape", "nope")
-ENCODER_FOR = {"nope": "sinusoidal"}
+MODELS = {s.model: s for s in SCHEMES.values()}  # by the name scripts use
+# The schemes position_transformer registers architectures for: <arch_prefix><size suffix>.
+NEW_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.family == POSITION_TRANSFORMER)
+
+
+def by_model(name):
+    """The scheme scripts call ``name`` (``transformer``, ``relative``, ``rope``, ...); ValueError in one line."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def architectures():
+    """Every architecture the table names: {arch: scheme}."""
+    return {s.arch(size): s for s in SCHEMES.values() if s.arch_prefix for size in SIZES}
+
+
+def arch_and_flags(name, size="tiny"):
+    """A model name (``rope``) at SIZE, or an architecture the table names (``rope_transformer_tiny``) as is:
+    (arch, *flags); ValueError in one line for anything else."""
+    if name in MODELS:
+        scheme = MODELS[name]
+        return (scheme.arch(size), *scheme.flags)
+    if name in architectures():
+        return (name,)
+    raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)} or one of their architectures")
