@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from fairseq_plugins.modules.position_schemes import NEW_SCHEMES
+from fairseq_plugins.modules.position_schemes import SCHEMES, by_model
 
 # (mode name, fairseq-train flags, settings that fairseq-hydra-train would give and the flags cannot)
 MODES = {
@@ -26,13 +26,12 @@ MODES = {
     "memory-efficient-bf16": (["--bf16", "--memory-efficient-bf16"], {}),
     "amp": (["--amp"], {}),
 }
+# every scheme of the table (by its model name: its tiny architecture and flags); FLOATER with its flow solved
+# on every update (N=1) and on every third (N=3, cached in between)
 MODELS = {
-    "transformer": ("transformer_tiny", []),
-    "relative": ("relative_transformer_tiny", []),
-    "every-layer": ("transformer_every_layer_pos_tiny", []),
-    "floater-N1": ("floater_transformer_tiny", []),
-    "floater-N3": ("floater_transformer_tiny", ["--floater-update-every", "3"]),
-    **{name: (f"{name}_transformer_tiny", []) for name in NEW_SCHEMES},  # the table's schemes
+    **{s.model: (s.arch("tiny"), list(s.flags)) for s in SCHEMES.values() if s.model != "floater"},
+    "floater-N1": (by_model("floater").arch("tiny"), []),
+    "floater-N3": (by_model("floater").arch("tiny"), ["--floater-update-every", "3"]),
 }
 
 

@@ -1,5 +1,6 @@
-"""--checkpoint-activations / --offload-activations in the plugin archs: transformer_every_layer_pos and
-relative_transformer wrap every block as fairseq's `transformer` does (fairseq's checkpoint_wrapper; offloading
+"""--checkpoint-activations / --offload-activations in the plugin archs: transformer_every_layer_pos,
+relative_transformer and position_transformer (every scheme of the table with architectures of a plugin family but
+FLOATER's) wrap every block as fairseq's `transformer` does (fairseq's checkpoint_wrapper; offloading
 implies checkpointing) and compute what the unwrapped model computes, with dropout: the same outputs bit for bit, the
 same gradients up to float64 rounding; floater_transformer refuses both flags in one line."""
 import argparse
@@ -11,6 +12,9 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.modules.checkpoint_activations import _checkpointed_forward
 
 from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from fairseq_plugins.modules.position_schemes import SCHEMES, by_model
+
+FLOATER = by_model("floater").arch("tiny")  # refuses both flags (the last test)
 
 
 def build(arch, **kw):
@@ -44,11 +48,10 @@ def forward_backward(model):
     return out.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-CASES = [
-    ("transformer_every_layer_pos_tiny", {}),
-    ("transformer_every_layer_pos_tiny", {"learned_pos": True}),  # gradients reach the table through every block
-    ("relative_transformer_tiny", {}),
-]
+CASES = [(s.arch("tiny"), {}) for s in SCHEMES.values()
+         if s.arch_prefix and s.family != "transformer" and s.arch("tiny") != FLOATER]
+# gradients reach the learned table through every block
+CASES.append(("transformer_every_layer_pos_tiny", {"learned_pos": True}))
 
 
 @pytest.mark.parametrize("flag", ["checkpoint_activations", "offload_activations"])
@@ -91,6 +94,6 @@ def test_every_layer_pos_incremental_decoding_with_checkpointed_blocks(flag):
 @pytest.mark.parametrize("flag", ["--checkpoint-activations", "--offload-activations"])
 def test_floater_refuses_activation_checkpointing_in_one_line(flag):
     with pytest.raises(ValueError) as error:
-        build("floater_transformer_tiny", **{flag.lstrip("-").replace("-", "_"): True})
+        build(FLOATER, **{flag.lstrip("-").replace("-", "_"): True})
     message = str(error.value)
     assert message == f"floater_transformer does not support {flag}"  # the flag given, one line

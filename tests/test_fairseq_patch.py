@@ -20,9 +20,11 @@ from small_task import run1, small_data, train_cmd  # noqa: E402
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 
-PLUGIN_ARCHS = ["transformer_every_layer_pos_tiny", "relative_transformer_tiny", "floater_transformer_tiny",
-                "t5_transformer_tiny", "rope_transformer_tiny", "alibi_transformer_tiny", "shape_transformer_tiny",
-                "nope_transformer_tiny"]
+from fairseq_plugins.modules.position_schemes import SCHEMES  # noqa: E402
+
+TABLE_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix]  # every scheme with architectures
+# the plugins' (fairseq's own `transformer` scripts: tested above)
+PLUGIN_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix and s.family != "transformer"]
 
 
 from tiny_models import one_thread  # noqa: E402, F401  (autouse fixture)
@@ -105,13 +107,8 @@ def data(tmp_path_factory):
     return small_data(tmp_path_factory)
 
 
-@pytest.mark.parametrize("arch,optimizer", [
-    ("transformer_tiny", "FP16Optimizer"),
-    ("transformer_every_layer_pos_tiny", "FP16Optimizer"),
-    ("relative_transformer_tiny", "FP16Optimizer"),
-    ("floater_transformer_tiny", "FP16Optimizer"),
-    ("transformer_tiny", "MemoryEfficientFP16Optimizer"),
-])
+@pytest.mark.parametrize("arch,optimizer", [(arch, "FP16Optimizer") for arch in TABLE_ARCHS]
+                         + [("transformer_tiny", "MemoryEfficientFP16Optimizer")])
 def test_bf16_trains_on_cpu_without_a_tpu(data, tmp_path, arch, optimizer):
     flag = "--bf16" if optimizer == "FP16Optimizer" else "--memory-efficient-bf16"
     proc = run1(train_cmd(data, tmp_path, arch, flag, "--disable-validation", max_update=3))

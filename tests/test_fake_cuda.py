@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 import fake_cuda
-from fairseq_plugins.modules.position_schemes import NEW_SCHEMES
+from fairseq_plugins.modules.position_schemes import SCHEMES
 
 CHILD = fake_cuda.HERE / "check_models.py"
-ARCHS = ("transformer_tiny", "relative_transformer_tiny", "transformer_every_layer_pos_tiny",
-         "floater_transformer_tiny", *(f"{s}_transformer_tiny" for s in NEW_SCHEMES))
+ARCHS = tuple(s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix)  # every scheme with architectures
 SCENARIOS = [f"{arch}/{step}" for arch in ARCHS for step in ("train", "decode")]
 SCENARIOS.append("floater_transformer_tiny/train_cuda_graph")
 

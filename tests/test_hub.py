@@ -2,8 +2,12 @@
 fairseq-generate does (same beam, same length penalty)."""
 import pytest
 
-ARCHS = ["transformer_tiny", "relative_transformer_tiny", "floater_transformer_tiny",
-         "transformer_every_layer_pos_tiny"]
+from fairseq_plugins.modules.position_schemes import POSITION_TRANSFORMER, SCHEMES, by_model
+
+# Every scheme with architectures of its own family; position_transformer's (T5, RoPE, ...): in
+# test_position_schemes.py, from checkpoints of a few updates (a trained one costs minutes per scheme).
+ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix and s.family != POSITION_TRANSFORMER]
+DEMO = {by_model(m).arch("tiny") for m in ("transformer", "relative", "floater")}  # test_learning.py trains them
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -12,7 +16,7 @@ def test_hub_translate_equals_generate(toy_data, toy_models, arch):
     from fairseq.models.transformer import TransformerModel
 
     # the trained demo models where the learning tests train them anyway; 2 epochs suffice for the others
-    ckpt = toy_models.checkpoint(arch) if arch in ARCHS[:3] else toy_models.checkpoint(arch, epochs=2)
+    ckpt = toy_models.checkpoint(arch) if arch in DEMO else toy_models.checkpoint(arch, epochs=2)
     _, generated = toy_models.evaluate(ckpt)
     model = TransformerModel.from_pretrained(
         str(ckpt.parent), checkpoint_file=ckpt.name, data_name_or_path=str(toy_data / "bin"),

@@ -2,10 +2,15 @@
 
 - each attention scheme (T5 bias, ALiBi, RoPE) against a naive reference written from its paper's equation,
   loop by loop in float64 (outputs and gradients, with padding and the causal mask);
+- what each stack adds to its token embeddings, against a naive float64 reference (SHAPE: the sinusoid at
+  position + k, one k in 0..K per sequence in training, 0 at evaluation, pads untouched; NoPE's decoder and the
+  attention schemes: nothing);
 - for every scheme with architectures: incremental decoding with beam reordering == the full forward; a sentence
-  alone == the same sentence left-padded in a batch; a 1,000-token source; beam search; scripting refused in one
-  line; a bad flag is one line; every registered architecture is in the table;
-- SHAPE's offsets: training shifts each sequence by one offset in 0..K, evaluation is the sinusoidal embedding.
+  alone == the same sentence left-padded in a batch; a 1,000-token source; beam search; the hub interface
+  translates as fairseq-generate; scripting refused in one line; a bad flag is one line; no (B, H, T, T, d)
+  tensor in a forward and backward;
+- the table itself: every registered architecture of the plugins is in it and every one it names is registered,
+  with the row's model family.
 """
 import argparse
 import math
@@ -14,20 +19,26 @@ import subprocess
 import pytest
 import torch
 from fairseq import options
-from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.sequence_generator import SequenceGenerator
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from conftest import BIN, REPO
+from conftest import BIN, REPO, run
+from precision_harness import build_trainer
+from small_task import small_data
 from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
-from fairseq_plugins.modules.position_schemes import NEW_SCHEMES, SCHEMES
+from fairseq_plugins.modules.position_schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
+    architectures
 from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
 from fairseq_plugins.modules.rope import RoPE
 from fairseq_plugins.modules.shape_positions import ShapePositionalEmbedding
 from fairseq_plugins.modules.t5_bias import T5Bias, relative_bucket
 
-ARCHS = [f"{s}_transformer_tiny" for s in NEW_SCHEMES]
+ARCHS = [SCHEMES[name].arch("tiny") for name in NEW_SCHEMES]  # position_transformer's schemes
+TABLE_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix]  # every scheme with architectures
 
 
 def build(arch, **kw):
@@ -197,13 +208,19 @@ def toy_batch():
 
 
 def test_the_table_has_every_registered_architecture():
-    ours = [a for a, m in ARCH_MODEL_REGISTRY.items() if m.__name__ == "PositionTransformerModel"]
-    named = {f"{s}_transformer{suffix}" for s in NEW_SCHEMES
-             for suffix in ("", "_wmt_en_de", "_vaswani_wmt_en_de_big", "_vaswani_wmt_en_fr_big", "_tiny")}
-    assert set(ours) == named | {"position_transformer"}
-    assert set(NEW_SCHEMES) <= set(SCHEMES)
-    for scheme in SCHEMES.values():
-        assert scheme.kind in ("embedding", "score bias", "rotary", "none") and scheme.paper
+    """Both ways: every architecture the plugins register is in the table (but ``position_transformer``, the
+    family's bare one, set by flags), and every architecture the table names is registered (fairseq's own
+    ``transformer_*`` included), with the model family of its row."""
+    plugins = {a for a, model in ARCH_MODEL_REGISTRY.items() if model.__module__.startswith("fairseq_plugins")}
+    table = architectures()
+    assert plugins - {POSITION_TRANSFORMER} - set(table) == set()
+    for arch, scheme in table.items():
+        assert arch in ARCH_MODEL_REGISTRY, f"{arch} ({scheme.name}) is not registered"
+        assert ARCH_MODEL_REGISTRY[arch] is MODEL_REGISTRY.get(scheme.family), (arch, scheme.family)
+    for name, scheme in SCHEMES.items():
+        assert scheme.name == name and scheme.kind in KINDS and scheme.paper, scheme
+    models = [s.model for s in SCHEMES.values()]
+    assert len(set(models)) == len(models), models
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -258,6 +275,76 @@ def test_scripting_is_refused_in_one_line(arch):
         torch.jit.script(build(arch))
 
 
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return small_data(tmp_path_factory)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hub_translate_equals_generate(small, tmp_path, arch):
+    """As tests/test_hub.py for the other archs: the checkpoint loads through fairseq's hub interface and
+    translates exactly as scripts/generate.sh (fairseq-generate) does. The checkpoint is fairseq's Trainer's after
+    3 updates on the small corpus (a trained one costs minutes per scheme), so outputs are capped at 8 tokens."""
+    from fairseq.models.transformer import TransformerModel
+
+    trainer, batches = build_trainer(small, arch, [])
+    for _, sample in zip(range(3), batches):
+        trainer.train_step([sample])
+    trainer.consolidate_optimizer()
+    ckpt = tmp_path / "checkpoint.pt"
+    trainer.save_checkpoint(str(ckpt), {})
+    cap = {"max_len_a": 0, "max_len_b": 8}
+    run(["bash", "scripts/generate.sh", str(small), str(ckpt), "test", str(tmp_path / "test.json"),
+         *(f"--{k.replace('_', '-')}={v}" for k, v in cap.items())])
+    generated = (tmp_path / "test.hyp").read_text(encoding="utf-8").splitlines()
+    hub = TransformerModel.from_pretrained(
+        str(tmp_path), checkpoint_file=ckpt.name, data_name_or_path=str(small / "bin"), bpe="sentencepiece",
+        sentencepiece_model=str(small / "spm.model"), source_lang="src", target_lang="tgt").eval()
+    assert type(hub.models[0]).__name__ == "PositionTransformerModel"
+    assert hub.models[0].args.position_scheme == arch.removesuffix("_transformer_tiny")
+    sources = (small / "raw" / "test.src").read_text(encoding="utf-8").splitlines()[:12]
+    assert len(set(generated[:12])) > 1  # the sources make a difference
+    assert hub.translate(sources, beam=4, lenpen=0.6, **cap) == generated[:12]
+    assert hub.translate(sources[0], beam=4, lenpen=0.6, **cap) == generated[0]
+
+
+class OutputShapes(TorchDispatchMode):
+    """The shape of every tensor every aten operator returns, forward and backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.shapes += [(str(func), tuple(t.shape)) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return out
+
+
+def pairwise_shapes(shapes, lengths, vector_dims):
+    """The (B, H, T, T, d)-like outputs, (B·H, T, T, d) included: 4 dimensions or more, two of them sequence
+    lengths and one a head's vector (d, or d/2 for rotary pairs)."""
+    return [(op, shape) for op, shape in shapes if len(shape) >= 4 and sum(n in lengths for n in shape) >= 2
+            and any(n in vector_dims for n in shape)]
+
+
+@pytest.mark.parametrize("arch", TABLE_ARCHS)
+def test_no_pairwise_vector_tensor_in_forward_and_backward(arch):
+    """No scheme builds a vector per head and (query, key) pair: O(B·H·T²·d) memory. Lengths 6 (source) and 7
+    (target) differ from every other dimension of the tiny models here (batch 2, 2 heads of d = 32, 64
+    channels, batch × heads 4), so a dimension of size 6 or 7 is a length."""
+    model = build(arch).train()
+    src, lengths, prev = (x[:2] for x in padded_toy_batch())
+    assert (src.size(1), prev.size(1)) == (6, 7) and model.encoder.layers[0].self_attn.head_dim == 32
+    with OutputShapes() as record:
+        out = model(src, lengths, prev)[0]
+        forward = len(record.shapes)
+        out.float().pow(2).mean().backward()
+    assert len(record.shapes) > forward + 10  # the backward's operators were seen too
+    assert pairwise_shapes(record.shapes, {6, 7}, {32, 16}) == []
+    assert pairwise_shapes([("control", (2, 2, 7, 7, 32))], {6, 7}, {32, 16})  # what it looks for is found
+
+
 def test_attention_schemes_are_one_module_per_stack():
     for name in ("t5", "rope", "alibi"):
         model = build(f"{name}_transformer_tiny")
@@ -291,6 +378,146 @@ def test_shape_shifts_each_sequence_in_training_only():
             offsets.add(shift)
             assert out[b, ~real].abs().sum() == 0  # pads keep the zero row
     assert offsets == set(range(6))
+
+
+# -- what each stack adds to its token embeddings, against a naive float64 reference -------------------------
+
+def sinusoid_naive(position, dim):
+    """fairseq's sinusoidal embedding of one position (Vaswani et al.'s sinusoids, laid out as all sines, then
+    all cosines), in float64: sin(p·ω_i) at i and cos(p·ω_i) at dim/2 + i, ω_i = 10000^(−i/(dim/2 − 1))."""
+    half = dim // 2
+    out = torch.zeros(dim, dtype=torch.float64)
+    for i in range(half):
+        omega = math.exp(-i * math.log(10000.0) / (half - 1))
+        out[i], out[half + i] = math.sin(position * omega), math.cos(position * omega)
+    return out
+
+
+def first_block_input_naive(stack, tokens, embedding, offset):
+    """x_t = sqrt(d)·E[w_t] (+ PE(p_t + offset) for an embedding scheme), loop by loop: p_t is fairseq's position
+    (padding_idx + the token's rank among the sequence's real tokens: left padding shifts nothing); a pad gets
+    nothing (its embedding row is zero, and the encoder zeroes pads)."""
+    E = stack.embed_tokens.weight.detach().double()
+    dim = E.size(1)
+    out = torch.zeros(*tokens.shape, dim, dtype=torch.float64)
+    for b in range(tokens.size(0)):
+        position = PAD
+        for t in range(tokens.size(1)):
+            word = int(tokens[b, t])
+            if word == PAD:
+                continue
+            position += 1
+            out[b, t] = math.sqrt(dim) * E[word]
+            if embedding in ("sinusoidal", "shape"):
+                out[b, t] += sinusoid_naive(position + offset, dim)
+            else:
+                assert embedding == "none", embedding
+    return out
+
+
+def first_block_inputs(model, src, lengths, prev):
+    """What the first block of each stack receives in one forward: {"encoder": (B, T, C), "decoder": ...}."""
+    seen = {}
+
+    def hook(name):
+        def record(module, args):  # returns None: a pre-hook's return value would replace the block's input
+            seen.setdefault(name, args[0].detach().transpose(0, 1))
+        return record
+
+    hooks = [stack.layers[0].register_forward_pre_hook(hook(name))
+             for name, stack in (("encoder", model.encoder), ("decoder", model.decoder))]
+    try:
+        model(src, lengths, prev)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+def padded_toy_batch():
+    src, lengths, prev = toy_batch()
+    prev = prev.clone()
+    prev[1, -2:] = PAD  # right padding, as fairseq's targets (the sources are left-padded)
+    return src, lengths, prev
+
+
+def offsets_found(got, references):
+    """Per sequence, the one offset k whose reference the sequence matches (None: none does)."""
+    found = []
+    for b in range(got.size(0)):
+        ks = [k for k, ref in references.items() if torch.allclose(got[b], ref[b], rtol=0, atol=1e-5)]
+        assert len(ks) <= 1, ks
+        found.append(ks[0] if ks else None)
+    return found
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_stack_adds_to_its_token_embeddings_what_the_table_says(arch):
+    """The scheme's ``embedding`` (the encoder's: its ``encoder_partner`` if it has one): sinusoidal and SHAPE at
+    evaluation add the sinusoid at the token's position, NoPE's decoder and the attention schemes add nothing;
+    in training a SHAPE stack shifts each sequence by one offset in 0..K, and the others stay as at evaluation."""
+    max_shift = 3
+    model = build(arch, shape_max_shift=max_shift).double()
+    decoder_scheme = SCHEMES[model.args.position_scheme]
+    encoder_scheme = SCHEMES[decoder_scheme.encoder_partner or decoder_scheme.name]
+    src, lengths, prev = padded_toy_batch()
+    tokens = {"encoder": src, "decoder": prev}
+    stacks = {"encoder": (model.encoder, encoder_scheme), "decoder": (model.decoder, decoder_scheme)}
+    for name, (stack, scheme) in stacks.items():
+        assert (stack.embed_positions is None) == (scheme.embedding == "none"), (name, scheme.name)
+    references = {name: {k: first_block_input_naive(stack, tokens[name], scheme.embedding, k)
+                         for k in range(max_shift + 1 if scheme.embedding == "shape" else 1)}
+                  for name, (stack, scheme) in stacks.items()}
+    model.eval()
+    got = first_block_inputs(model, src, lengths, prev)
+    for name in stacks:
+        assert offsets_found(got[name], references[name]) == [0, 0, 0], name
+    model.train()
+    for _ in range(4):
+        got = first_block_inputs(model, src, lengths, prev)
+        for name, (_, scheme) in stacks.items():
+            found = offsets_found(got[name], references[name])
+            assert None not in found, (name, scheme.name, found)  # the others: their only reference, offset 0
+
+
+def test_shape_draws_every_offset_per_sequence_and_stack():
+    """SHAPE in training: each sequence's offset takes every value of 0..K, drawn independently per stack."""
+    max_shift = 3
+    model = build("shape_transformer_tiny", shape_max_shift=max_shift).double().train()
+    src, lengths, prev = padded_toy_batch()
+    references = {name: {k: first_block_input_naive(stack, tokens, "shape", k) for k in range(max_shift + 1)}
+                  for name, stack, tokens in (("encoder", model.encoder, src), ("decoder", model.decoder, prev))}
+    draws = {"encoder": [], "decoder": []}
+    for _ in range(30):
+        got = first_block_inputs(model, src, lengths, prev)
+        for name in draws:
+            draws[name].append(offsets_found(got[name], references[name]))
+    for name, found in draws.items():
+        for b in range(src.size(0)):
+            assert {f[b] for f in found} == set(range(max_shift + 1)), (name, b, [f[b] for f in found])
+    assert draws["encoder"] != draws["decoder"]
+
+
+def test_the_nope_decoder_adds_no_position():
+    """NoPE: the decoder has no position embedding and its first block gets the scaled token embeddings alone,
+    in the full forward and at every step of incremental decoding."""
+    model = build("nope_transformer_tiny").double().eval()
+    decoder = model.decoder
+    assert decoder.embed_positions is None and decoder.position_scheme is None
+    assert all(type(layer.self_attn).__name__ == "MultiheadAttention" for layer in decoder.layers)
+    src, lengths, prev = padded_toy_batch()
+    want = first_block_input_naive(decoder, prev, "none", 0)
+    torch.testing.assert_close(first_block_inputs(model, src, lengths, prev)["decoder"], want, rtol=0, atol=1e-12)
+    steps = []
+    hook = decoder.layers[0].register_forward_pre_hook(lambda module, args: steps.append(args[0].transpose(0, 1))
+                                                       and None)
+    try:
+        encoder_out, state = model.encoder(src, src_lengths=lengths), {}
+        for t in range(prev.size(1)):
+            decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+    finally:
+        hook.remove()
+    torch.testing.assert_close(torch.cat(steps, dim=1), want, rtol=0, atol=1e-12)
 
 
 def _train_argv(arch, *flags):

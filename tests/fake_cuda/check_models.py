@@ -25,10 +25,9 @@ import torch.nn.functional as F  # noqa: E402
 from fake_cuda.mode import FakeCuda, to_cuda  # noqa: E402
 from floater_helpers import batch, build  # noqa: E402
 from tiny_models import PAD  # noqa: E402
-from fairseq_plugins.modules.position_schemes import NEW_SCHEMES  # noqa: E402
+from fairseq_plugins.modules.position_schemes import SCHEMES  # noqa: E402
 
-ARCHS = ("transformer_tiny", "relative_transformer_tiny", "transformer_every_layer_pos_tiny",
-         "floater_transformer_tiny", *(f"{s}_transformer_tiny" for s in NEW_SCHEMES))
+ARCHS = tuple(s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix)  # every scheme with architectures
 
 
 def cuda_batch():
