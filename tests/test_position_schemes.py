@@ -546,3 +546,19 @@ def test_a_bad_flag_is_one_line_from_the_command_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "fairseq-train: error: argument --encoder-position-scheme: invalid choice: 'nope' (choose from sinusoidal, "
         "learned, shape, t5, alibi, rope) (an encoder without positions is permutation-invariant)"]
+
+
+def test_alibi_encoder_cannot_tell_a_source_from_its_mirror_image():
+    """ALiBi's symmetric encoder bias −m·|i − j| (as specified for encoders) depends on distance only: the encoder
+    maps a source and its mirror image (EOS included) to the same states in mirrored order, and cross-attention
+    has no positions, so the decoder sees the same thing. T5's bidirectional buckets keep the direction."""
+    src = torch.tensor([list(range(5, 10)) + [EOS]])
+    prev = torch.tensor([[EOS, 10, 11]])
+    outputs = {}
+    for arch in ("alibi_transformer_tiny", "t5_transformer_tiny"):
+        model = build(arch).eval().double()  # build() gives T5's table (zero at first) random values
+        with torch.no_grad():
+            outputs[arch] = [model(s, torch.tensor([6]), prev)[0] for s in (src, src.flip(1))]
+    alibi, t5 = outputs["alibi_transformer_tiny"], outputs["t5_transformer_tiny"]
+    torch.testing.assert_close(alibi[0], alibi[1], rtol=0, atol=1e-6)
+    assert (t5[0] - t5[1]).abs().max() > 1e-2
