@@ -86,20 +86,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchdiffeq import odeint, odeint_adjoint
 
-from .attention import (  # noqa: F401  (re-exported: the model file and tests import them from here)
-    PositionBiasedLinear,
-    PositionBiasedMultiheadAttention,
-    bind_biases,
-    bind_position_biases,
-    enable_position_biases,
-    rows_from_padding_mask,
-    token_rows,
-)
-from .dynamics import (  # noqa: F401
+from .attention import bind_biases, bind_position_biases, rows_from_padding_mask, token_rows
+from .dynamics import (
     DEFAULT_SETTINGS,
-    FIXED_GRID_SOLVERS,
-    SOLVER_NAMES,
-    STEPS_PER_DT,
     FloaterDynamics,
     FloaterSettings,
     FloaterSolverError,
