@@ -1,11 +1,12 @@
 # make demo                - set up .venv, build the toy task, train the tiny models on CPU, print BLEU
 # DATA=multi30k make demo  - the same three models on Multi30k (MULTI30K_DIR=dir with the files, else download)
 # make test                - set up .venv, run the test suite
+# make test-fast           - the same without the slow tier (end-to-end training): a few minutes
 SHELL := /bin/bash
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-fast bench clean
 
 setup:
 	@bash scripts/setup_env.sh
@@ -18,7 +19,10 @@ else
 endif
 
 test: setup
-	@python -m pytest -q tests
+	@python -m pytest -q tests --durations=15
+
+test-fast: setup
+	@python -m pytest -q tests -m "not slow"
 
 bench: setup
 	@python scripts/bench.py $(BENCH_ARGS)

@@ -19,13 +19,13 @@ highest epochs) or checkpoint_<epoch>_<updates>.pt (--num-update-checkpoints: th
 checkpoints whose parameter names or shapes differ.
 """
 import argparse
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
+
+from tooling.atomic import save_torch
 
 
 class AveragingError(Exception):
@@ -106,26 +106,6 @@ def average(paths):
     return out
 
 
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def save_atomic(state, output):
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; give it the usual permissions
-        os.replace(tmp, output)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inputs", nargs="+", required=True, help="checkpoint files, or one directory")
@@ -149,7 +129,7 @@ def main(argv=None):
             if any(Path(p).is_dir() for p in args.inputs):
                 raise AveragingError("a directory needs --num-epoch-checkpoints or --num-update-checkpoints")
             paths = [Path(p) for p in args.inputs]
-        save_atomic(average(paths), args.output)
+        save_torch(average(paths), args.output)
     except AveragingError as err:
         sys.exit(f"average_checkpoints.py: {err}")
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {args.output}")

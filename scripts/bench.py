@@ -36,7 +36,6 @@ Usage: python scripts/bench.py [--quick] [--device cpu|cuda] [--out-json F] [--o
 import argparse
 import json
 import logging
-import math
 import multiprocessing
 import os
 import platform
@@ -58,7 +57,8 @@ REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "fairseq_plugins"
 
 from fairseq_plugins.modules.position_schemes import MODELS as SCHEME_TABLE  # noqa: E402  (the table of schemes)
-from result_paths import relativize  # noqa: E402  (beside this file)
+from tooling.atomic import write_text  # noqa: E402
+from tooling.paths import relativize  # noqa: E402
 COMMON_FLAGS = [
     "--task", "translation", "--share-all-embeddings",
     "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
@@ -765,22 +765,16 @@ def main(argv=None):
         res = count_ops(args)
         res = relativize(res)
         for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, ops_markdown(res))):
-            write_text_atomic(Path(path), text)
+            write_text(Path(path), text)
         print(ops_markdown(res))
         return
     res = run(args)
     res["notes"] = Path(args.notes).read_text(encoding="utf-8") if args.notes and Path(args.notes).is_file() else None
     res = relativize(res)  # no absolute path of this machine in the results
     for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, markdown(res))):
-        write_text_atomic(Path(path), text)
+        write_text(Path(path), text)
     print(markdown(res))
 
-
-def write_text_atomic(path: Path, text: str):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

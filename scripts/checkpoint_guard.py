@@ -17,6 +17,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from tooling.atomic import write_atomic
+
 
 def intact(path):
     try:
@@ -48,9 +50,7 @@ def main():
                   if p.name not in ("checkpoint_last.pt", "checkpoint_best.pt") and not p.name.startswith("checkpoint_avg")]
     for path in sorted(candidates, key=progress_key, reverse=True):
         if intact(path):
-            tmp = save / ".checkpoint_last.pt.restoring"
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, last)
+            write_atomic(last, lambda tmp: shutil.copyfile(path, tmp))
             print(f"checkpoint_guard: {last} was truncated (kept as checkpoint_last.pt.damaged); resuming from {path.name}")
             return
     print(f"checkpoint_guard: {last} was truncated (kept as checkpoint_last.pt.damaged) and no intact checkpoint "

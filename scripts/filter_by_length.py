@@ -5,6 +5,8 @@ import argparse
 import os
 import sys
 
+from tooling.atomic import atomic_open
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
@@ -22,9 +24,8 @@ def main():
     keep = [i for i, s in enumerate(src) if len(s.split()) <= args.max_words]
     for path, lines in ((args.src, src), (args.tgt, tgt)):
         out = f"{args.out_prefix}{os.path.splitext(path)[1]}"
-        with open(out + ".tmp", "w", encoding="utf-8") as f:
+        with atomic_open(out) as f:
             f.writelines(lines[i] + "\n" for i in keep)
-        os.replace(out + ".tmp", out)
     print(f"kept {len(keep)} of {len(src)} pairs with <= {args.max_words} source words "
           f"(dropped {len(src) - len(keep)} longer ones)")
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from fairseq_plugins.modules.position_schemes import MODELS as SCHEME_MODELS, arch_and_flags
+from tooling.atomic import write_text
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "fairseq_plugins"
@@ -49,14 +50,6 @@ def relative(path) -> str:
         return str(path.relative_to(REPO))
     except ValueError:
         return path.name
-
-
-def write_atomic(path: Path, text: str):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def machine(device: str) -> dict:
@@ -458,8 +451,8 @@ def main(argv=None):
     report["seconds"] = time.time() - started
     report["out_dir"] = relative(out_dir)
     report["verdicts"] = verdicts(report)
-    write_atomic(out_dir / "gpu_check.json", json.dumps(report, indent=1) + "\n")
-    write_atomic(out_dir / "gpu_check.md", markdown(report))
+    write_text(out_dir / "gpu_check.json", json.dumps(report, indent=1) + "\n")
+    write_text(out_dir / "gpu_check.md", markdown(report))
     log(f"written: {relative(out_dir / 'gpu_check.md')}")
     failed = [v["check"] for v in report["verdicts"] if not v["passed"]]
     if failed:  # the report is written either way; the status says whether anything GPU-only may become a default

@@ -20,14 +20,12 @@ bucket's score is sacrebleu's corpus BLEU on exactly that subset.
 import argparse
 import json
 import math
-import os
 import sys
 
 import sacrebleu
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from study_table import temp_beside  # noqa: E402
-from result_paths import portable  # noqa: E402
+from tooling.atomic import save_figure, write_json, write_text
+from tooling.paths import portable
 
 
 def read_lines(paths, what):
@@ -74,19 +72,6 @@ def score_buckets(src, ref, hyp, edges):
     return buckets, round(overall.score, 2)
 
 
-def write_atomic(path, write):
-    """write(tmp) to a temp name of its own beside path, then rename: two study runs finishing together may
-    write the same table at once."""
-    tmp = temp_beside(path)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def cmd_score(args):
     src, ref, hyp = (read_lines(getattr(args, k), k) for k in ("src", "ref", "hyp"))
     buckets, overall = score_buckets(src, ref, hyp, parse_edges(args.edges))
@@ -94,12 +79,7 @@ def cmd_score(args):
               "sentences": len(src), "buckets": buckets, "length_unit": "source words",
               "src": [portable(p) for p in args.src], "ref": [portable(p) for p in args.ref],
               "hyp": [portable(p) for p in args.hyp]}
-
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-    write_atomic(args.out, write)
+    write_json(args.out, result, indent=2)
     cells = "  ".join(f"{b['bucket']}: {b['bleu'] if b['bleu'] is not None else '-'} ({b['sentences']})"
                       for b in buckets)
     print(f"{args.name}: BLEU {overall}  |  {cells}")
@@ -163,10 +143,7 @@ def cmd_table(args):
         lines.append(f"| {row['label']} | {row['all'][0]} | " + " | ".join(c[0] for c in row["buckets"]) + " |")
     table = "\n".join(lines) + "\n"
     if args.out:
-        def write(tmp):
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(table)
-        write_atomic(args.out, write)
+        write_text(args.out, table)
     print(table, end="")
 
 
@@ -199,7 +176,7 @@ def cmd_plot(args):
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside the axes: never over a line
     fig.tight_layout()
-    write_atomic(args.out, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    save_figure(fig, args.out, dpi=120, format="png")
     print(f"plot: {args.out}")
 
 

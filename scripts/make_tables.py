@@ -13,9 +13,10 @@ appears only once one of its experiments has a result. The output is written ato
 """
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
+
+from tooling.atomic import write_text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,9 +96,7 @@ def main():
     paper_numbers = json.loads(Path(args.paper_numbers).read_text(encoding="utf-8"))
     out = Path(args.out or Path(args.results) / "tables.md")
     text = render(paper_numbers, args.results)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
+    write_text(out, text)
     print(f"wrote {out}")
 
 

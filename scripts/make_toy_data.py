@@ -17,6 +17,8 @@ import os
 import random
 import sys
 
+from tooling.atomic import atomic_open
+
 DETS = {"the": "ka", "a": "mu", "this": "sel", "that": "tor", "every": "oll", "my": "nim"}
 ADJS = {"big": "dara", "small": "pinu", "red": "kiro", "old": "sanu", "young": "lev", "happy": "fumi",
         "green": "verd", "quiet": "shin", "tall": "hoba", "clever": "kasi"}
@@ -107,9 +109,8 @@ def sample(rng, n, min_len, max_len, max_clauses, seen):
 def write_split(out_dir, name, pairs):
     for side, idx in (("src", 0), ("tgt", 1)):
         path = os.path.join(out_dir, f"{name}.{side}")
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
+        with atomic_open(path) as f:
             f.writelines(p[idx] + "\n" for p in pairs)
-        os.replace(path + ".tmp", path)
 
 
 def main():

@@ -54,8 +54,9 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
+
+from tooling import atomic
 
 PROG = "plot_positions.py"
 MAX_POSITIONS = 4096  # heatmaps of more positions than this have more cells than pixels anyway
@@ -313,18 +314,8 @@ def _pyplot():
 
 
 def save_figure(fig, path, dpi=100):
-    """PNG to a temporary name beside path, then renamed (readable by others, as the other results)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """The figure as a PNG at path, written atomically (tooling.atomic), then closed."""
+    atomic.save_figure(fig, path, format="png", dpi=dpi, bbox_inches="tight")
     _pyplot().close(fig)
     return path
 

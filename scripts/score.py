@@ -6,14 +6,13 @@ every reference line got exactly one hypothesis, run sacrebleu, and write a JSON
       --out results/toy_transformer.json [--hyp-out hyps.txt] [--meta key=value ...]
 """
 import argparse
-import json
-import os
 import sys
 
 import sacrebleu
 import sentencepiece as spm
 
-from result_paths import portable  # noqa: E402  (beside this file)
+from tooling.atomic import write_json, write_text
+from tooling.paths import portable
 
 
 def read_hypotheses(generate_log):
@@ -37,14 +36,6 @@ def detokenize(hyps, n_refs, spm_model, log_name):
     return [sp.decode_pieces(hyps[i].split()) for i in range(n_refs)]
 
 
-def write_json(path, obj):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--generate-log", required=True)
@@ -61,20 +52,18 @@ def main():
         refs = [line.rstrip("\n") for line in f]
     hyps = detokenize(read_hypotheses(args.generate_log), len(refs), args.spm, args.generate_log)
     if args.hyp_out:
-        with open(args.hyp_out + ".tmp", "w", encoding="utf-8") as f:
-            f.writelines(h + "\n" for h in hyps)
-        os.replace(args.hyp_out + ".tmp", args.hyp_out)
+        write_text(args.hyp_out, "".join(h + "\n" for h in hyps))
     bleu = sacrebleu.metrics.BLEU()
     score = bleu.corpus_score(hyps, [refs])
     result = {"bleu": round(score.score, 2), "sacrebleu_signature": str(bleu.get_signature()),
               "sentences": len(refs), "reference": portable(args.ref), "hypotheses": portable(args.hyp_out)}
     if args.tokenized_bleu:
-        from tokenized_bleu import METHOD, tokenized_bleu
+        from tooling.bleu import METHOD, tokenized_bleu
 
         result["bleu_tokenized"] = round(tokenized_bleu(hyps, refs).score, 2)
         result["bleu_tokenized_method"] = METHOD
     result.update(kv.split("=", 1) for kv in args.meta)
-    write_json(args.out, result)
+    write_json(args.out, result, indent=2, sort_keys=True)
     print(f"BLEU {score.score:.2f}  ({len(refs)} sentences, {bleu.get_signature()})  -> {args.out}")
 
 

@@ -90,7 +90,8 @@ if ! ls "$WHEEL_DIR"/fairseq-*.whl >/dev/null 2>&1; then
 fi
 "${PIP[@]}" --no-deps --force-reinstall "$WHEEL_DIR"/fairseq-*.whl
 
-# `import fairseq_plugins` from anywhere in the venv (Python API), as an editable install would.
-"$PY" -c "import site, sys; open(site.getsitepackages()[0] + '/fairseq_plugins_repo.pth', 'w').write(sys.argv[1] + '\\n')" "$ROOT"
-"$PY" -c "import fairseq, fairseq_cli, fairseq_plugins, torch; print('setup: fairseq', fairseq.__version__, '| torch', torch.__version__)"
+# `import fairseq_plugins` from anywhere in the venv (Python API), as an editable install would; and the scripts'
+# shared library `tooling` (scripts/tooling/) for tests and other importers (a script finds it beside itself).
+"$PY" -c "import site, sys; open(site.getsitepackages()[0] + '/fairseq_plugins_repo.pth', 'w').write(''.join(p + '\\n' for p in sys.argv[1:]))" "$ROOT" "$ROOT/scripts"
+"$PY" -c "import fairseq, fairseq_cli, fairseq_plugins, tooling, torch; print('setup: fairseq', fairseq.__version__, '| torch', torch.__version__)"
 echo "$STAMP" > "$VENV/.setup-stamp"

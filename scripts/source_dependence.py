@@ -11,7 +11,6 @@ little, although both can have a similar validation loss. The replacement is a d
 its own source) drawn from --seed, so a rerun gives the same numbers.
 """
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -19,10 +18,10 @@ from pathlib import Path
 import torch
 from fairseq import checkpoint_utils, utils
 
+from tooling.atomic import write_json
+from tooling.paths import portable
+
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from study_table import write_atomic  # noqa: E402
-from result_paths import portable  # noqa: E402
 
 BATCH = 64  # sentences per forward pass: memory stays small, the sum does not depend on it
 
@@ -85,7 +84,7 @@ def main():
     print(f"true {result['true_loss']:.4f}  shuffled {result['shuffled_loss']:.4f}  gap {result['gap']:.4f} "
           f"nats/token ({result['sentences']} sentences, {result['target_tokens']} target tokens)")
     if args.json:
-        write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result, indent=1)
 
 
 if __name__ == "__main__":

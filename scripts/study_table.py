@@ -24,19 +24,19 @@ import re
 import shutil
 import statistics
 import sys
-import tempfile
 
 import sacrebleu
 from sacrebleu.significance import PairedTest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tokenized_bleu import METHOD_LOWERCASE, prepare, tokenized_bleu  # noqa: E402
-from result_paths import portable  # noqa: E402
+from tooling.atomic import save_figure, write_atomic, write_json, write_text
+from tooling.bleu import METHOD_LOWERCASE, prepare, tokenized_bleu
+from tooling.paths import locate, portable
 
 ALPHA = 0.05
 RUN_FILE = re.compile(r"\w+\.seed\d+\.json")  # one run's result: MODEL.seedS.json
 SAMPLES = 1000
-# The papers' claims, as (claim, model, reference model): "model > reference" is what the paper reports.
+# The papers' claims, as (claim, model, reference model): "model > reference" is what the paper reports; every
+# other scheme of the table gets its own row against the Transformer (claims()).
 CLAIMS = [
     ("relative > absolute (Shaw et al. 2018, Table 1)", "relative", "transformer"),
     ("FLOATER > sinusoidal, paper's protocol (Liu et al. 2020, Table 2)", "floater_warm", "transformer"),
@@ -48,23 +48,6 @@ CLAIMS = [
 
 def fail(msg):
     sys.exit(f"study_table.py: {msg}")
-
-
-def temp_beside(path, suffix=".tmp"):
-    """A new temporary file name in path's directory (runs side by side may write the same table at once)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=suffix)
-    os.close(fd)
-    return tmp
-
-
-def write_atomic(path, text):
-    tmp = temp_beside(path)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def read_lines(path):
@@ -111,13 +94,12 @@ def run_result(args):
             test = json.load(f)
     except (OSError, ValueError) as err:
         fail(f"--test-json {args.test_json}: not a readable generate.sh result ({err})")
-    hyps, refs = read_lines(test["hypotheses"]), read_lines(args.ref)
+    hyps, refs = read_lines(locate(test["hypotheses"])), read_lines(args.ref)
     if len(hyps) != len(refs):
         fail(f"{test['hypotheses']} has {len(hyps)} lines for {len(refs)} in {args.ref}")
     curve, train_seconds = parse_train_log(args.train_log)
     base = args.out[:-len(".json")] if args.out.endswith(".json") else args.out
-    shutil.copyfile(test["hypotheses"], base + ".hyp.tmp")
-    os.replace(base + ".hyp.tmp", base + ".hyp")
+    write_atomic(base + ".hyp", lambda tmp: shutil.copyfile(locate(test["hypotheses"]), tmp))
     result = {
         "model": args.model, "seed": args.seed,
         "bleu": test["bleu"], "sacrebleu_signature": test["sacrebleu_signature"],
@@ -129,7 +111,7 @@ def run_result(args):
         "seconds_per_epoch": round(train_seconds / len(curve), 1) if curve else None,
     }
     result.update(kv.split("=", 1) for kv in args.meta)
-    write_atomic(args.out, json.dumps(result, indent=2, sort_keys=True) + "\n")
+    write_json(args.out, result, indent=2, sort_keys=True)
     print(f"{args.model} seed {args.seed}: BLEU {result['bleu']:.2f} (sacreBLEU), {result['bleu_tok_lc']:.2f} "
           f"(tokenized, lowercased) -> {args.out}")
 
@@ -145,13 +127,13 @@ def retrain_note(args):
     except (OSError, ValueError) as err:
         fail(f"cannot read a run result: {err}")
     old = read_lines(os.path.join(os.path.dirname(args.recorded), recorded["hypotheses"]))
-    new = read_lines(test["hypotheses"])
+    new = read_lines(locate(test["hypotheses"]))
     if len(old) != len(new):
         fail(f"{test['hypotheses']} has {len(new)} lines for {len(old)} recorded")
     same = sum(a == b for a, b in zip(old, new))
     note = (f"trained again: {same} of {len(old)} test hypotheses identical to the recorded run's, "
             f"sacreBLEU {test['bleu']:.2f} (recorded {recorded['bleu']:.2f})")
-    write_atomic(args.out, note + "\n")
+    write_text(args.out, note + "\n")
     print(note)
 
 
@@ -191,7 +173,8 @@ def compare(runs, model, ref_model, seeds):
     common = [s for s in seeds if (model, s) in runs and (ref_model, s) in runs]
     if not common:
         return None
-    refs = runs[(ref_model, common[0])].get("_refs") or read_lines(runs[(ref_model, common[0])]["reference"])
+    first = runs[(ref_model, common[0])]
+    refs = first.get("_refs") or read_lines(locate(first["reference"]))
     per_seed = {s: paired_p(refs, runs[(ref_model, s)]["_hyps"], runs[(model, s)]["_hyps"]) for s in common}
     pooled = paired_p(refs * len(common), sum((runs[(ref_model, s)]["_hyps"] for s in common), []),
                       sum((runs[(model, s)]["_hyps"] for s in common), []))
@@ -210,7 +193,7 @@ def restrict(runs, split_src, split_at, longer):
     refs = None
     out = {}
     for key, run in runs.items():
-        refs = refs or run.get("_refs") or read_lines(run["reference"])
+        refs = refs or run.get("_refs") or read_lines(locate(run["reference"]))
         if len(src) != len(refs):
             fail(f"--split-src {split_src} has {len(src)} lines for {len(refs)} in {run['reference']}")
         hyps, sub_refs = [run["_hyps"][i] for i in keep], [refs[i] for i in keep]
@@ -288,10 +271,20 @@ def model_rows(runs, models, seeds, baseline, summary_models):
     return lines
 
 
+def claims(models, baseline="transformer"):
+    """The papers' claims, then every other scheme of the table against the sinusoidal Transformer."""
+    from fairseq_plugins.modules.position_schemes import MODELS
+
+    named = {m for _, m, _ in CLAIMS} | {baseline}
+    others = [(f"{m} > sinusoidal ({MODELS[m].paper}; not a claim of the two papers)", m, baseline)
+              for m in models if m in MODELS and m not in named]
+    return CLAIMS + others
+
+
 def claim_rows(runs, models, seeds, summary_claims, suffix=""):
     lines = ["| claim | seeds | Δ tok-lc | p tok-lc | Δ sacreBLEU | p sacreBLEU | reproduces here? |",
              "|---|---|---|---|---|---|---|"]
-    for claim, m, ref in CLAIMS:
+    for claim, m, ref in claims(models):
         if m not in models or ref not in models:
             continue
         claim += suffix
@@ -348,9 +341,8 @@ def table(args):
                 lines += [""] + claim_rows(part, models, seeds, entry["claims"], f", sources > {n} words")
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
-    write_atomic(os.path.join(args.out, "table.md"), text)
-    write_atomic(os.path.join(args.out, "summary.json"),
-                 json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    write_text(os.path.join(args.out, "table.md"), text)
+    write_json(os.path.join(args.out, "summary.json"), summary, indent=2, sort_keys=True, default=str)
     print(text, end="")
 
 
@@ -379,10 +371,7 @@ def plot(args):
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = temp_beside(args.out, suffix=".png")
-    fig.savefig(tmp, dpi=110)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, args.out)
+    save_figure(fig, args.out, dpi=110)
     print(f"plot -> {args.out}")
 
 

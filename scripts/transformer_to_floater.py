@@ -25,15 +25,15 @@ OUT is written atomically (a temporary file in OUT's directory, then a rename).
 import argparse
 import copy
 import os
-import tempfile
 from pathlib import Path
 
-import torch
 from fairseq import checkpoint_utils, utils
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 from omegaconf import OmegaConf
+
+from tooling.atomic import save_torch
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 from fairseq_plugins.models.floater_transformer import FloaterTransformerModel, add_floater_args  # noqa: E402
@@ -153,23 +153,11 @@ def convert(src, dst, target_arch=None, options=None):
         full = copy.copy(state["args"])
         vars(full).update(vars(args))
         out["args"] = full
-    save_atomically(out, dst)
-    return args
-
-
-def save_atomically(obj, dst):
     folder = os.path.dirname(os.path.abspath(dst))
     if not os.path.isdir(folder):
         raise ConversionError(f"{dst}: directory {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(dst)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-        os.replace(tmp, dst)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    save_torch(out, dst)
+    return args
 
 
 def main(argv=None):

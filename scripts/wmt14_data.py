@@ -31,42 +31,19 @@ so raw/test.<lang> equals sacrebleu's wmt14/full reference.
 import argparse
 import gzip
 import hashlib
-import os
 import re
 import sys
 import tarfile
-import tempfile
 import unicodedata
-from contextlib import contextmanager
 from pathlib import Path
+
+from tooling.atomic import atomic_open
 
 MAX_TOKENS, MIN_TOKENS, RATIO, MAX_WORD_CHARS = 250, 1, 1.5, 1000
 
 
 class PrepError(Exception):
     """One line: what is wrong with which file."""
-
-
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-@contextmanager
-def atomic_output(path, binary=False):
-    """Yields a file object on a temporary name next to `path`; renames it to `path` only on success."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8", newline="\n")) as f:
-            yield f
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; give it the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 # --- checksums -------------------------------------------------------------------------------------------
@@ -124,7 +101,7 @@ def extract(archive, out_dir, members):
                     src, dest = gzip.GzipFile(fileobj=src), out_dir / name[:-3]
                 else:
                     dest = out_dir / name
-                with atomic_output(dest, binary=True) as f:
+                with atomic_open(dest, "wb") as f:
                     for block in iter(lambda: src.read(1 << 20), b""):
                         f.write(block)
                 found.add(name)
@@ -142,7 +119,7 @@ _SEG = re.compile(r"<seg.*?>(.*)</seg>.*?")
 
 def sgm_to_text(sgm, out):
     n = 0
-    with open(sgm, encoding="utf-8") as f, atomic_output(out) as g:
+    with open(sgm, encoding="utf-8") as f, atomic_open(out, newline="\n") as g:
         for line in f:
             if line.startswith("<seg "):
                 g.write(" ".join(_SEG.sub(r"\1", line).split()) + "\n")
@@ -184,7 +161,8 @@ def read_pairs(src_file, tgt_file):
 
 def clean(pairs, out_prefix, src, tgt):
     kept = total = 0
-    with atomic_output(f"{out_prefix}.{src}") as fs, atomic_output(f"{out_prefix}.{tgt}") as ft:
+    with atomic_open(f"{out_prefix}.{src}", newline="\n") as fs, \
+            atomic_open(f"{out_prefix}.{tgt}", newline="\n") as ft:
         for src_file, tgt_file in pairs:
             for s, t in read_pairs(src_file, tgt_file):
                 total += 1

@@ -71,3 +71,19 @@ class ToyModels:
 @pytest.fixture(scope="session")
 def toy_models(toy_data, tmp_path_factory):
     return ToyModels(toy_data, tmp_path_factory.mktemp("toy_models"))
+
+
+# Test tiers: `slow` marks what trains models end to end or runs a pipeline for minutes (the toy task's trained
+# models, the study and demo scripts, several processes); `pytest -m "not slow"` is the few-minute loop and
+# `make test` runs everything. A module is slow as a whole, or a test is slow by the fixtures it asks for.
+SLOW_MODULES = {"test_pipeline", "test_learning", "test_hub", "test_multi30k_study", "test_multi30k_smoke",
+                "test_resume", "test_distributed", "test_slurm", "test_launchers", "test_precision_decode",
+                "test_gpu_check", "test_wmt_pipeline", "test_floater_reproducibility", "test_evaluate"}
+SLOW_FIXTURES = {"toy_models", "toy_data"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+        if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

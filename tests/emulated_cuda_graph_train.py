@@ -4,13 +4,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from fairseq import utils
+from fairseq_cli.train import cli_main
+
+from cuda_graph_emulation import capture_count, emulated_cuda_graphs  # beside this file: its directory is on sys.path
+
 TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
-
-from fairseq import utils  # noqa: E402
-from fairseq_cli.train import cli_main  # noqa: E402
-
-from cuda_graph_emulation import capture_count, emulated_cuda_graphs  # noqa: E402
 
 if __name__ == "__main__":
     utils.import_user_module(argparse.Namespace(user_dir=str(TESTS.parent / "fairseq_plugins")))

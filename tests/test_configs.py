@@ -6,15 +6,13 @@ Models are built on torch's meta device (shapes only) over a 1,000-word fake dic
 cost nothing."""
 import re
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import REPO, run
 
-sys.path.insert(0, str(REPO / "scripts"))
-import hydra_config  # noqa: E402
+import hydra_config
 
 CELLS = sorted(p.stem for p in (REPO / "configs").glob("wmt14_*.yaml"))
 VOCAB = 1000  # 996 words + fairseq's 4 specials

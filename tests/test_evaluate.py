@@ -6,11 +6,10 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from conftest import BIN, REPO, SHARED_DATA, run
+from conftest import BIN, SHARED_DATA, run
 
-sys.path.insert(0, str(REPO / "scripts"))
-import average_checkpoints  # noqa: E402
-from tokenized_bleu import prepare, split_compounds  # noqa: E402
+import average_checkpoints
+from tooling.bleu import prepare, split_compounds
 
 NEWSTEST = SHARED_DATA / "wmt14" / "newstest2014.ende.de"
 needs_newstest = pytest.mark.skipif(not NEWSTEST.is_file(), reason="real newstest2014 not available (../shared/data/wmt14)")

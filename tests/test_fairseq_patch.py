@@ -15,8 +15,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from small_task import run1, small_data, train_cmd  # noqa: E402
+from small_task import run1, small_data, train_cmd
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 

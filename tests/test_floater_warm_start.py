@@ -3,7 +3,6 @@ identical logits and identical beam search; the result loads the way fairseq loa
 import argparse
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -186,11 +185,18 @@ def test_write_is_atomic(trained_transformer, tmp_path, monkeypatch):
     out = tmp_path / "out.pt"
     out.write_bytes(b"previous")
 
-    def failing_save(obj, f):
-        f.write(b"partial")
+    def failing_save(obj, f):  # f: the temporary file's name (tooling.atomic.save_torch)
+        with open(f, "wb") as partial:
+            partial.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(converter.torch, "save", failing_save)
+    monkeypatch.setattr(torch, "save", failing_save)
     with pytest.raises(OSError):
         converter.main([str(path), str(out)])
     assert out.read_bytes() == b"previous" and os.listdir(tmp_path) == ["out.pt"]
+    monkeypatch.undo()
+    converter.main([str(path), str(out)])
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # readable as any new file (not mkstemp's 0o600)
+    assert os.listdir(tmp_path) == ["out.pt"]

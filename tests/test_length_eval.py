@@ -5,10 +5,9 @@ import sys
 
 import sacrebleu
 
-from conftest import REPO, run
+from conftest import run
 
-sys.path.insert(0, str(REPO / "scripts"))
-import length_eval  # noqa: E402
+import length_eval
 
 
 def _corpus(tmp_path, n=120, seed=0):

@@ -13,10 +13,9 @@ from collections import Counter
 import pytest
 import sacrebleu
 
-from conftest import REPO, run
+from conftest import run
 
-sys.path.insert(0, str(REPO / "scripts"))
-from tokenized_bleu import tokenized_bleu  # noqa: E402
+from tooling.bleu import tokenized_bleu
 
 TINY = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 "
         "--encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 --encoder-attention-heads 2 --decoder-attention-heads 2")

@@ -15,8 +15,7 @@ from conftest import REPO, env
 from floater_helpers import randomize_flows
 from tiny_models import PAD, TASK, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
-sys.path.insert(0, str(REPO / "scripts"))
-import plot_positions as pp  # noqa: E402
+import plot_positions as pp
 
 PNG = b"\x89PNG\r\n\x1a\n"
 N = 40  # positions drawn: past a power of two of FLOATER's cache, past the learned tables' 24 rows

@@ -7,10 +7,9 @@ import sys
 
 import pytest
 
-from conftest import REPO, run
+from conftest import run
 
-sys.path.insert(0, str(REPO / "scripts"))
-from source_dependence import derangement  # noqa: E402
+from source_dependence import derangement
 
 
 def test_derangement_moves_every_sentence_and_is_seeded():

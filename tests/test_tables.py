@@ -4,8 +4,7 @@ import sys
 
 from conftest import REPO, run
 
-sys.path.insert(0, str(REPO / "scripts"))
-import make_tables  # noqa: E402
+import make_tables
 
 PAPER = {
     "metric": "bleu_tokenized",

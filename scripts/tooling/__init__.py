@@ -1,0 +1,9 @@
+"""The scripts' shared library (importable as ``tooling``: a script's own directory is on sys.path, and
+scripts/setup_env.sh puts scripts/ on the venv's path for tests and other importers).
+
+    tooling.atomic   write a file under a temporary name beside it, then rename it into place
+    tooling.paths    paths in committed results, relative to the repository (scripts/result_paths.py)
+    tooling.bleu     the papers' tokenized BLEU (scripts/tokenized_bleu.py)
+
+Command-line entry points stay in scripts/*.py; nothing here runs on import.
+"""
