@@ -1,6 +1,7 @@
 """fairseq user-dir package: position encodings for Transformer MT (`--user-dir fairseq_plugins`)."""
 
 import re
+import sys
 
 import torch
 
@@ -15,3 +16,22 @@ if tuple(int(v) for v in re.match(r"(\d+)\.(\d+)", str(torch.__version__)).group
                       f"({torch.__file__}); see README.md, Set-up")
 
 from . import models  # noqa: E402,F401  (registers models and architectures)
+
+
+def _one_line_errors(default_hook):
+    """Uncaught errors whose message already says what happened and which flag helps (``one_line = True``:
+    FLOATER's overflow while decoding, a solve gone non-finite) end a fairseq command with that one line, not
+    a traceback through fairseq's beam search; every other error keeps Python's default report."""
+
+    def excepthook(kind, value, traceback):
+        if getattr(value, "one_line", False):
+            print(f"{kind.__name__}: {value}", file=sys.stderr)
+        else:
+            default_hook(kind, value, traceback)
+
+    excepthook.default_hook = default_hook
+    return excepthook
+
+
+if not hasattr(sys.excepthook, "default_hook"):  # once, whatever the number of imports
+    sys.excepthook = _one_line_errors(sys.excepthook)

@@ -1,22 +1,13 @@
 """Shared by tests/test_floater*.py: tiny FLOATER models, batches, random flows, and counters of solves and of
 operators."""
-import argparse
 import copy
 
 import torch
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from tiny_models import EOS, PAD, TASK, VOCAB, build, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.floater import flows as floater  # solve_flows is looked up there
 from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings
-
-
-def build(arch, seed=0, **kw):
-    torch.manual_seed(seed)
-    args = argparse.Namespace(arch=arch, dropout=0.0, **kw)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK)
 
 
 def flows(model):

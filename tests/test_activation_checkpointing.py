@@ -3,25 +3,21 @@ relative_transformer and position_transformer (every scheme of the table with ar
 FLOATER's) wrap every block as fairseq's `transformer` does (fairseq's checkpoint_wrapper; offloading
 implies checkpointing) and compute what the unwrapped model computes, with dropout: the same outputs bit for bit, the
 same gradients up to float64 rounding; floater_transformer refuses both flags in one line."""
-import argparse
 import functools
 
 import pytest
 import torch
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.modules.checkpoint_activations import _checkpointed_forward
 
-from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
+import tiny_models
+from tiny_models import EOS, PAD, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.position_schemes import SCHEMES, by_model
 
 FLOATER = by_model("floater").arch("tiny")  # refuses both flags (the last test)
 
 
 def build(arch, **kw):
-    torch.manual_seed(0)
-    args = argparse.Namespace(arch=arch, dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, **kw)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK).double()
+    return tiny_models.build(arch, dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, **kw).double()
 
 
 def batch():

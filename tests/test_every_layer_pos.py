@@ -6,17 +6,15 @@ import math
 import pytest
 import torch
 from fairseq import options
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
+import tiny_models
 from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 
 def build(arch="transformer_every_layer_pos_tiny", seed=0, **kw):
-    torch.manual_seed(seed)
-    args = argparse.Namespace(arch=arch, dropout=0.0, **kw)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK).double().eval()
+    return tiny_models.build(arch, seed, **kw).double().eval()
 
 
 def batch(bsz=3, src_len=7, tgt_len=6, seed=0):

@@ -345,6 +345,39 @@ def test_decoding_past_the_attention_range_names_the_position_and_the_flag():
     assert _generate(model, first)[0][0]["tokens"].numel() > 0  # inputs within the advice decode
 
 
+def test_decoding_overflow_ends_fairseq_interactive_with_one_line(tmp_path):
+    """The same model as a checkpoint, through fairseq's own command line: the overflow ends the command with
+    its one line (exit status 1), not a traceback through the beam search."""
+    import subprocess
+    import sys
+
+    from fairseq import checkpoint_utils
+    from tiny_models import build_with_args
+
+    model, args = build_with_args("floater_transformer_tiny", floater_dt=0.1)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # as _fast_growing_model
+        for flow in flows(model):
+            for p in flow.dynamics.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    state = {"args": None, "cfg": {"model": args}, "model": model.state_dict(),
+             "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
+                                    "lr_scheduler_state": {}, "num_updates": 0}], "extra_state": {}}
+    checkpoint_utils.torch_persistent_save(state, str(tmp_path / "model.pt"))
+    for side in ("src", "tgt"):
+        TASK.source_dictionary.save(str(tmp_path / f"dict.{side}.txt"))
+    words = [TASK.source_dictionary[i] for i in torch.randint(4, VOCAB, (1000,), generator=g).tolist()]
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "fairseq-interactive"), str(tmp_path), "--user-dir",
+         str(Path(__file__).resolve().parents[1] / "fairseq_plugins"), "--path", str(tmp_path / "model.pt"),
+         "--source-lang", "src", "--target-lang", "tgt", "--cpu", "--beam", "2", "--max-len-b", "20"],
+        input=" ".join(words) + "\n", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("FloaterSolverError: ") and "--max-source-positions" in last, last
+
+
 def test_overflow_message_names_the_side_and_tells_a_non_position_failure():
     rows = torch.arange(40.0).exp().view(40, 1, 1).expand(40, 2, 8)  # |Δb| = e^i at position i
     message = floater.describe_overflow([("target", rows)], {"target": 40}, torch.float16)

@@ -8,12 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fairseq import checkpoint_utils
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.modules import SinusoidalPositionalEmbedding
 
 from conftest import REPO, env
 from floater_helpers import randomize_flows
-from tiny_models import PAD, TASK, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from tiny_models import PAD, build_with_args, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 import plot_positions as pp
 
@@ -32,17 +31,9 @@ FAMILIES = {
 }
 
 
-def build(arch, seed=0, **kw):
-    """(model, its args) of arch on the tiny task (24 words), untrained."""
-    torch.manual_seed(seed)
-    args = argparse.Namespace(arch=arch, dropout=0.0, **kw)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK), args
-
-
 def make(family, seed=0):
     arch, kw = FAMILIES[family]
-    model, args = build(arch, seed=seed, **kw)
+    model, args = build_with_args(arch, seed=seed, **kw)
     if family == "floater":
         randomize_flows(model)
     g = torch.Generator().manual_seed(seed)
@@ -242,9 +233,9 @@ def test_a_hydra_checkpoint_loads_too(checkpoints, tmp_path):
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path, capsys):
-    lstm, args = build("lstm", encoder_embed_dim=8, decoder_embed_dim=8, encoder_hidden_size=8,
-                       decoder_hidden_size=8, decoder_out_embed_dim=8, encoder_layers=1, decoder_layers=1,
-                       criterion="cross_entropy")
+    lstm, args = build_with_args("lstm", encoder_embed_dim=8, decoder_embed_dim=8, encoder_hidden_size=8,
+                                 decoder_hidden_size=8, decoder_out_embed_dim=8, encoder_layers=1, decoder_layers=1,
+                                 criterion="cross_entropy")
     path = save(lstm, args, tmp_path / "lstm.pt")
     with pytest.raises(SystemExit) as stop:
         pp.main([str(path), "--out", str(tmp_path / "figures")])

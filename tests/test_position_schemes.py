@@ -12,7 +12,6 @@
 - the table itself: every registered architecture of the plugins is in it and every one it names is registered,
   with the row's model family.
 """
-import argparse
 import math
 import subprocess
 
@@ -28,6 +27,7 @@ from torch.utils._pytree import tree_leaves
 from conftest import BIN, REPO, run
 from precision_harness import build_trainer
 from small_task import small_data
+import tiny_models
 from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
 from fairseq_plugins.modules.position_schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
@@ -42,12 +42,7 @@ TABLE_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix]  # eve
 
 
 def build(arch, **kw):
-    from fairseq.models import ARCH_CONFIG_REGISTRY
-
-    torch.manual_seed(0)
-    args = argparse.Namespace(arch=arch, dropout=0.0, **kw)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    model = ARCH_MODEL_REGISTRY[arch].build_model(args, TASK)
+    model = tiny_models.build(arch, **kw)
     with torch.no_grad():  # T5's table starts at zero: make the bias matter
         for module in model.modules():
             if isinstance(module, T5Bias):

@@ -32,3 +32,18 @@ class Task:
 
 TASK = Task()
 PAD, EOS = TASK.source_dictionary.pad(), TASK.source_dictionary.eos()
+
+
+def build_with_args(arch, seed=0, dropout=0.0, **kw):
+    """(model, its args): an untrained `arch` on the 24-word task, built as fairseq builds it, seeded."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    torch.manual_seed(seed)
+    args = argparse.Namespace(arch=arch, dropout=dropout, **kw)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK), args
+
+
+def build(arch, seed=0, dropout=0.0, **kw):
+    """An untrained `arch` on the 24-word task (every test that builds a tiny model in-process uses this)."""
+    return build_with_args(arch, seed, dropout, **kw)[0]

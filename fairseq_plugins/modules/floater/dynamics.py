@@ -86,7 +86,9 @@ STEPS_PER_DT = 5  # fixed-grid step Δ/5 (paper, Appendix B)
 
 
 class FloaterSolverError(FloatingPointError):
-    """The ODE solve produced non-finite values or the solver gave up."""
+    """The ODE solve produced non-finite values or the solver gave up; the message names where and what helps."""
+
+    one_line = True  # uncaught, it ends a fairseq command with its message alone (fairseq_plugins/__init__.py)
 
 
 def _number(value) -> bool:
