@@ -9,9 +9,11 @@ in a short Python traceback whose last line is the message: no chained traceback
 checkpoint messages come from our fairseq patch (third_party/fairseq-0.12.2.patch: torch_load_checkpoint and
 Trainer.load_checkpoint); the too-long sentence is fairseq's own size check, made before anything is translated.
 """
+import subprocess
+
 import pytest
 
-from conftest import BIN
+from conftest import BIN, REPO, env
 from small_task import VOCAB, run_split, small_data, tiny_checkpoint, train_cmd
 
 
@@ -174,3 +176,16 @@ def test_generate_refuses_sentence_longer_than_learned_positions(data, tmp_path_
     assert line.startswith("Exception: Size of sample #") and "since max_positions=(16, 64)" in line, line
     assert_short_traceback(proc)
     assert "H-" not in proc.stdout
+
+
+def test_demo_rejects_an_unknown_model_before_writing(tmp_path):
+    """make demo's MODELS takes architectures or the table of schemes' model names; anything else is one line
+    naming it, before any data, checkpoint or result is written."""
+    out = tmp_path / "demo"
+    proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO, text=True, capture_output=True,
+                          env={**env(), "MODELS": "transformer shaw_transformer_tiny", "OUT": str(out)})
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "fairseq_plugins: unknown model 'shaw_transformer_tiny': expected one of transformer, learned, every_layer, "
+        "shape, t5, alibi, rope, nope, relative, floater or one of their architectures"]
+    assert not out.exists()
