@@ -273,12 +273,14 @@ def model_rows(runs, models, seeds, baseline, summary_models):
 
 def claims(models, baseline="transformer"):
     """The papers' claims, then every other scheme of the table against the sinusoidal Transformer."""
+    named = {m for _, m, _ in CLAIMS} | {baseline}
+    unnamed = [m for m in models if m not in named]
+    if not unnamed:  # the papers' models only: no need to import the plugins (torch, fairseq) for the table
+        return CLAIMS
     from fairseq_plugins.modules.position_schemes import MODELS
 
-    named = {m for _, m, _ in CLAIMS} | {baseline}
-    others = [(f"{m} > sinusoidal ({MODELS[m].paper}; not a claim of the two papers)", m, baseline)
-              for m in models if m in MODELS and m not in named]
-    return CLAIMS + others
+    return CLAIMS + [(f"{m} > sinusoidal ({MODELS[m].paper}; not a claim of the two papers)", m, baseline)
+                     for m in unnamed if m in MODELS]
 
 
 def claim_rows(runs, models, seeds, summary_claims, suffix=""):
