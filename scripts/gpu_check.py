@@ -183,7 +183,7 @@ def trainer_check(data, device, modes, updates=2, update_freq=3):
 
 def memory_check(device, dims, lengths):
     """Peak memory of one training update at each length, graph vs loop, with what the graphs hold."""
-    import bench
+    from tooling import bench
     from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
 
     rows = []
@@ -191,16 +191,16 @@ def memory_check(device, dims, lengths):
     arch, flags = bench.ARCHS[dims]["floater"]
     for graph in (False, True):
         floater_cuda_graph.reset()
-        task, model, criterion, optimizer = bench.build(arch, flags + (["--floater-cuda-graph"] if graph else []),
-                                                        dictionary, device, seed=1)
-        entry = {"task": task, "model": model, "criterion": criterion, "optimizer": optimizer, "updates": 1}
+        bundle = bench.Bundle.build(arch, flags + (["--floater-cuda-graph"] if graph else []), dictionary, device,
+                                    seed=1)
+        model = bundle.model
         for T in lengths:
             sample = bench.random_batch(dictionary, max(1, 4096 // T), T, device, seed=T)
-            bench.train_update(entry, sample)  # captures, if graphed
+            bundle.train_update(sample)  # captures, if graphed
             if device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            bench.train_update(entry, sample)
+            bundle.train_update(sample)
             row = {"graph": graph, "length": T,
                    "bucket": floater_cuda_graph.graph_bucket(T) if graph else T,
                    "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None,
@@ -212,7 +212,7 @@ def memory_check(device, dims, lengths):
             rows.append(row)
         if device == "cuda":
             rows.append({"graph": graph, "length": "end", "reserved_mib": torch.cuda.memory_reserved() / 2**20})
-        del entry, model, optimizer
+        del bundle, model
     floater_cuda_graph.reset()
     return rows
 

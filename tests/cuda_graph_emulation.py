@@ -30,6 +30,8 @@ import torch.cuda.graphs
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+import cuda_stand_ins
+
 aten = torch.ops.aten
 
 
@@ -136,66 +138,9 @@ def capture_count():
     return _State.captures
 
 
-class Stream:
-    """torch.cuda.Stream stand-in: CPU work is synchronous, so there is nothing to order."""
-
-    def __init__(self, device=None, priority=0, **kwargs):
-        self.device, self.priority = device, priority
-
-    def wait_stream(self, stream):
-        pass
-
-    def wait_event(self, event):
-        pass
-
-    def record_event(self, event=None):
-        event = event or Event()
-        event.record(self)
-        return event
-
-    def synchronize(self):
-        pass
-
-    def query(self):
-        return True
-
-
-class Event:
-    def __init__(self, enable_timing=False, blocking=False, interprocess=False, **kwargs):
-        pass
-
-    def record(self, stream=None):
-        pass
-
-    def wait(self, stream=None):
-        pass
-
-    def synchronize(self):
-        pass
-
-    def query(self):
-        return True
-
-
-_DEFAULT_STREAM = Stream()
-_current = [_DEFAULT_STREAM]
-
-
-def current_stream(device=None):
-    return _current[-1]
-
-
-def default_stream(device=None):
-    return _DEFAULT_STREAM
-
-
-@contextlib.contextmanager
-def stream(s):
-    _current.append(s if s is not None else _current[-1])
-    try:
-        yield
-    finally:
-        _current.pop()
+Stream, Event = cuda_stand_ins.Stream, cuda_stand_ins.Event
+_STREAMS = cuda_stand_ins.Streams(Stream(stream_id=0))
+current_stream, default_stream, stream = _STREAMS.current_stream, _STREAMS.default_stream, _STREAMS.stream
 
 
 class device:
@@ -224,7 +169,7 @@ class CUDAGraph:
     def capture_begin(self, pool=None, capture_error_mode="global", **kwargs):
         if _State.capturing is not None:
             raise CaptureError("another CUDA graph capture is underway")
-        if current_stream() is _DEFAULT_STREAM:
+        if current_stream() is _STREAMS.default:
             raise CaptureError("CUDA graphs must be captured on a non-default stream")
         if capture_error_mode not in ("global", "thread_local", "relaxed"):
             raise ValueError(f"capture_error_mode {capture_error_mode!r}")

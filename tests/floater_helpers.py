@@ -5,7 +5,7 @@ import copy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tiny_models import EOS, PAD, TASK, VOCAB, build, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from tiny_models import EOS, PAD, TASK, VOCAB, batch, build, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.floater import flows as floater  # solve_flows is looked up there
 from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings
 
@@ -27,16 +27,6 @@ def randomize_flows(model, scale=0.3, seed=1):
 
 def floater_model(seed=0, **kw):
     return randomize_flows(build("floater_transformer_tiny", seed=seed, **kw)).double()
-
-
-def batch(bsz=3, src_len=7, tgt_len=6, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, VOCAB, (bsz, src_len), generator=g)
-    src[0, :3] = PAD  # left padding, as fairseq batches sources
-    prev = torch.randint(4, VOCAB, (bsz, tgt_len), generator=g)
-    prev[:, 0] = TASK.source_dictionary.eos()
-    prev[1, -2:] = PAD  # right padding, as fairseq batches targets
-    return src, src.ne(PAD).sum(1), prev
 
 
 def count_solves(monkeypatch):

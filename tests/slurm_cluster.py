@@ -10,10 +10,11 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from small_task import free_port
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client")
 DAEMONS = ("slurmctld", "slurmd")
@@ -45,12 +46,6 @@ def ensure_installed():
     if proc.returncode != 0 or not all(which(tool) for tool in DAEMONS + CLIENTS):
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["tools missing after install"]
         raise SlurmUnavailable(f"apt-get install {' '.join(PACKAGES)} failed: {tail[0]}")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def memory_mb():

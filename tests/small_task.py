@@ -3,9 +3,11 @@ data-prep interruption, bad input, checkpoint safety). Kept small so that each t
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -113,6 +115,33 @@ def kill_group(proc):
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_ranks(data, save, arch, *extra, log_prefix, max_update, timeout=600, wrap=lambda cmd: cmd):
+    """fairseq-train as the two gloo ranks of one job (--distributed-no-spawn), each command passed through
+    wrap (e.g. to run it under a CPU stand-in); waits for both, kills both if either hangs. Returns
+    [(returncode, log text)] per rank; rank R logs to {log_prefix}{R}.log."""
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = []
+    try:
+        for rank in (0, 1):
+            cmd = train_cmd(data, save, arch, *extra, "--distributed-world-size", "2", "--distributed-backend", "gloo",
+                            "--distributed-init-method", init, "--distributed-rank", str(rank),
+                            "--distributed-no-spawn", max_update=max_update)
+            procs.append(start(wrap(cmd), f"{log_prefix}{rank}.log"))
+        for proc in procs:
+            proc.wait(timeout=timeout)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_group(proc)
+    return [(proc.returncode, Path(f"{log_prefix}{rank}.log").read_text()) for rank, proc in enumerate(procs)]
 
 
 def tiny_checkpoint(tmp_path_factory, arch, *extra):

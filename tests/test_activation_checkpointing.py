@@ -10,7 +10,7 @@ import torch
 from fairseq.modules.checkpoint_activations import _checkpointed_forward
 
 import tiny_models
-from tiny_models import EOS, PAD, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from tiny_models import batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.position_schemes import SCHEMES, by_model
 
 FLOATER = by_model("floater").arch("tiny")  # refuses both flags (the last test)
@@ -18,16 +18,6 @@ FLOATER = by_model("floater").arch("tiny")  # refuses both flags (the last test)
 
 def build(arch, **kw):
     return tiny_models.build(arch, dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, **kw).double()
-
-
-def batch():
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, VOCAB, (3, 7), generator=g)
-    src[0, :3] = PAD
-    prev = torch.randint(4, VOCAB, (3, 6), generator=g)
-    prev[:, 0] = EOS
-    prev[1, -2:] = PAD
-    return src, src.ne(PAD).sum(1), prev
 
 
 def blocks(model):

@@ -18,13 +18,12 @@ the rounding hides). All processes run with one intra-op thread (small_task.ONE_
 pytorch_ddp runs without --find-unused-parameters because the fairseq patch removes the BetterTransformer
 parameter copies that fairseq 0.12.2's encoder layers hold and never use (unpatched, it fails at update 2).
 """
-import socket
 import sys
 
 import pytest
 
 from conftest import REPO
-from small_task import assert_same_model, kill_group, last_valid_loss, run1, small_data, start, train_cmd
+from small_task import assert_same_model, last_valid_loss, run1, small_data, train_cmd, two_ranks
 
 MAX_UPDATE = 6
 FP16_RTOL = 1e-4  # measured: 2 of 4,160 entries of one θ tensor differ by one fp16 subnormal step (2.4e-6)
@@ -34,12 +33,6 @@ _REFERENCE = {}
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return small_data(tmp_path_factory)
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fp16_on_cpu(cmd):
@@ -79,23 +72,11 @@ def single_process(data, root, arch, *extra):
 def test_two_ranks_equal_one_process_with_update_freq_2(data, tmp_path_factory, tmp_path, arch, backend):
     arch, *extra = arch.split()
     save = tmp_path / "ddp"
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = []
-    try:
-        for rank in (0, 1):
-            cmd = train_cmd(data, save, arch, *extra, "--distributed-world-size", "2", "--distributed-backend", "gloo",
-                            "--ddp-backend", backend, "--distributed-init-method", init,
-                            "--distributed-rank", str(rank), "--distributed-no-spawn", max_update=MAX_UPDATE)
-            procs.append(start(fp16_on_cpu(cmd), tmp_path / f"rank{rank}.log"))
-        for proc in procs:
-            proc.wait(timeout=600)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                kill_group(proc)
-    logs = [(tmp_path / f"rank{rank}.log").read_text() for rank in (0, 1)]
-    for rank, (proc, log) in enumerate(zip(procs, logs)):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
+    ranks = two_ranks(data, save, arch, *extra, "--ddp-backend", backend, log_prefix=tmp_path / "rank",
+                      max_update=MAX_UPDATE, wrap=fp16_on_cpu)
+    logs = [log for _, log in ranks]
+    for rank, (returncode, log) in enumerate(ranks):
+        assert returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
     assert "distributed init (rank 1)" in logs[1] and "training on 2 devices" in logs[0]
     assert f"num_updates={MAX_UPDATE}," in logs[0]
 
@@ -109,24 +90,10 @@ def test_two_ranks_equal_one_process_with_update_freq_2(data, tmp_path_factory, 
 
 def test_pytorch_ddp_without_find_unused_parameters_is_refused_in_one_line(data, tmp_path):
     """FLOATER's θ sits out the cached updates; pytorch_ddp would fail at the second update with pages of advice."""
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = []
-    try:
-        for rank in (0, 1):
-            cmd = train_cmd(data, tmp_path / "ddp", "floater_transformer_tiny", "--floater-update-every", "3",
-                            "--distributed-world-size", "2", "--distributed-backend", "gloo", "--ddp-backend",
-                            "pytorch_ddp", "--distributed-init-method", init, "--distributed-rank", str(rank),
-                            "--distributed-no-spawn", max_update=MAX_UPDATE)
-            procs.append(start(cmd, tmp_path / f"rank{rank}.log"))
-        for proc in procs:
-            proc.wait(timeout=300)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                kill_group(proc)
-    for rank, proc in enumerate(procs):
-        log = (tmp_path / f"rank{rank}.log").read_text()
-        assert proc.returncode != 0, log[-2000:]
+    ranks = two_ranks(data, tmp_path / "ddp", "floater_transformer_tiny", "--floater-update-every", "3",
+                      "--ddp-backend", "pytorch_ddp", log_prefix=tmp_path / "rank", max_update=MAX_UPDATE, timeout=300)
+    for returncode, log in ranks:
+        assert returncode != 0, log[-2000:]
         assert log.strip().splitlines()[-1].endswith(  # torch's launcher prefixes "[rank0]: "
             "ValueError: --ddp-backend pytorch_ddp needs --find-unused-parameters for this model: some of its "
             "parameters sit out some updates (may_skip_update)"), log[-2000:]

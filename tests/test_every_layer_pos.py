@@ -10,21 +10,11 @@ from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 import tiny_models
-from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from tiny_models import EOS, PAD, TASK, VOCAB, batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 
 def build(arch="transformer_every_layer_pos_tiny", seed=0, **kw):
     return tiny_models.build(arch, seed, **kw).double().eval()
-
-
-def batch(bsz=3, src_len=7, tgt_len=6, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, VOCAB, (bsz, src_len), generator=g)
-    src[0, :3] = PAD  # left padding
-    prev = torch.randint(4, VOCAB, (bsz, tgt_len), generator=g)
-    prev[:, 0] = EOS
-    prev[1, -2:] = PAD  # right padding
-    return src, src.ne(PAD).sum(1), prev
 
 
 def sinusoid(tokens, dim):

@@ -11,7 +11,6 @@ import pytest
 import torch
 from fairseq import checkpoint_utils, utils
 from fairseq.data import Dictionary
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
@@ -26,6 +25,7 @@ TABLE_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix]  # eve
 PLUGIN_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix and s.family != "transformer"]
 
 
+import tiny_models  # noqa: E402
 from tiny_models import one_thread  # noqa: E402, F401  (autouse fixture)
 
 
@@ -82,9 +82,7 @@ def test_scripted_sequence_generator_gives_the_unscripted_hypotheses(tmp_path):
 
 
 def build(arch):
-    args = argparse.Namespace(arch=arch, dropout=0.0)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK).eval()
+    return tiny_models.build(arch, task=TASK).eval()
 
 
 @pytest.mark.parametrize("arch", PLUGIN_ARCHS)

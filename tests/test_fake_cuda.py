@@ -43,8 +43,9 @@ def results(tmp_path_factory):
     except fake_cuda.BuildError as err:
         pytest.skip(f"fake CUDA guard library not built: {err}")
     out = tmp_path_factory.mktemp("fake_cuda") / "results.json"
-    proc = subprocess.run([sys.executable, str(CHILD), str(library), str(out)], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run([sys.executable, "-m", "fake_cuda.check_models", str(library), str(out)],
+                          cwd=CHILD.parents[1], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0 or not out.exists():
         pytest.fail(f"{CHILD.name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text())

@@ -14,7 +14,6 @@
 """
 import argparse
 import re
-import socket
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 from cuda_graph_emulation import CaptureError, capture_count, emulated_cuda_graphs
 from floater_helpers import one_thread, randomize_flows  # noqa: F401  (one_thread: autouse fixture)
 from precision_harness import MODES, build_trainer, cpu_fp16_optimizer, master_grads
-from small_task import assert_same_model, kill_group, small_data, start, train_cmd
+from small_task import assert_same_model, small_data, two_ranks
 
 
 @pytest.fixture
@@ -280,34 +279,16 @@ def test_graph_path_steps_with_the_loops_gradients(data, emulation, mode, update
 MAX_UPDATE = 4  # from the second update on (h ≢ 0), the flows' fc1.bias gets a gradient
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_ranks(data, save, log_dir, backend, graph_flags_):
     """Two ranks (gloo) of fairseq-train with --update-freq 2; the CUDA-graph emulation installed in each."""
-    init = f"tcp://127.0.0.1:{free_port()}"
     extra = ["--find-unused-parameters"] if backend == "pytorch_ddp" else []
-    procs, captures = [], []
-    try:
-        for rank in (0, 1):
-            cmd = train_cmd(data, save, "floater_transformer_tiny", *graph_flags_, *extra, "--update-freq", "2",
-                            "--distributed-world-size", "2", "--distributed-backend", "gloo", "--ddp-backend", backend,
-                            "--distributed-init-method", init, "--distributed-rank", str(rank),
-                            "--distributed-no-spawn", max_update=MAX_UPDATE)
-            cmd = [sys.executable, str(Path(__file__).parent / "emulated_cuda_graph_train.py"), *cmd[1:]]
-            procs.append(start(cmd, log_dir / f"{save.name}_rank{rank}.log"))
-        for proc in procs:
-            proc.wait(timeout=600)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                kill_group(proc)
-    for rank, proc in enumerate(procs):
-        log = (log_dir / f"{save.name}_rank{rank}.log").read_text()
-        assert proc.returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
+    emulated = lambda cmd: [sys.executable, str(Path(__file__).parent / "emulated_cuda_graph_train.py"), *cmd[1:]]  # noqa: E731
+    ranks = two_ranks(data, save, "floater_transformer_tiny", *graph_flags_, *extra, "--update-freq", "2",
+                      "--ddp-backend", backend, log_prefix=log_dir / f"{save.name}_rank", max_update=MAX_UPDATE,
+                      wrap=emulated)
+    captures = []
+    for rank, (returncode, log) in enumerate(ranks):
+        assert returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
         assert f"num_updates={MAX_UPDATE}," in log or rank == 1
         captures.append(int(re.search(r"emulated CUDA graphs captured: (\d+)", log).group(1)))
     return save / "checkpoint_last.pt", captures

@@ -6,13 +6,12 @@ of the batches that came before (positions past the re-solve's batch length must
 Model-level counterparts of test_resume.py's and test_distributed.py's FLOATER runs: the floater_transformer_tiny
 model driven as fairseq's trainer drives it (set_num_updates, train/eval, state_dict/load_state_dict), with a
 fixed pseudo-random parameter change standing in for the optimizer step."""
-import argparse
 import copy
 
 import pytest
 import torch
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
+import tiny_models
 from tiny_models import TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 ARCH, N = "floater_transformer_tiny", 4
@@ -20,10 +19,7 @@ ARCH, N = "floater_transformer_tiny", 4
 
 def build(seed=0):
     """A floater_transformer_tiny re-solving every N updates, with a non-zero flow (a new one has h ≡ 0)."""
-    torch.manual_seed(seed)
-    args = argparse.Namespace(arch=ARCH, dropout=0.0, floater_update_every=N)
-    ARCH_CONFIG_REGISTRY[ARCH](args)
-    model = ARCH_MODEL_REGISTRY[ARCH].build_model(args, TASK)
+    model = tiny_models.build(ARCH, seed, floater_update_every=N)
     optimizer_step(model, seed=100 + seed, scale=0.3)
     return model.train()
 

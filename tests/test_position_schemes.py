@@ -28,7 +28,7 @@ from conftest import BIN, REPO, run
 from precision_harness import build_trainer
 from small_task import small_data
 import tiny_models
-from tiny_models import EOS, PAD, TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from tiny_models import EOS, PAD, TASK, VOCAB, fixed_batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
 from fairseq_plugins.modules.position_schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
     architectures
@@ -191,17 +191,6 @@ def test_rope_logits_depend_on_the_offset_only():
 
 # -- every scheme with architectures: the model contract ---------------------------------------------------
 
-def toy_batch():
-    w = list(range(4, VOCAB))
-    src = torch.tensor([[w[1], w[2], w[3], w[4], w[5], EOS],
-                        [PAD, PAD, w[6], w[2], w[7], EOS],
-                        [PAD, w[3], w[3], w[8], w[9], EOS]])
-    prev = torch.tensor([[EOS, w[5], w[4], w[3], w[2], w[1], w[0]],
-                         [EOS, w[7], w[2], w[6], w[6], w[1], w[2]],
-                         [EOS, w[9], w[8], w[3], w[3], w[4], w[4]]])
-    return src, (src != PAD).sum(1), prev
-
-
 def test_the_table_has_every_registered_architecture():
     """Both ways: every architecture the plugins register is in the table (but ``position_transformer``, the
     family's bare one, set by flags), and every architecture the table names is registered (fairseq's own
@@ -221,28 +210,14 @@ def test_the_table_has_every_registered_architecture():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_incremental_decoding_with_reorder_equals_full_forward(arch):
     model = build(arch).eval().double()
-    src, lengths, prev = toy_batch()
-    beams = torch.tensor([0, 0, 1, 1])
-    src, lengths, prev = src[beams], lengths[beams], torch.cat([prev[:2], prev[1:3]])
-    encoder_out = model.encoder(src, src_lengths=lengths)
-    full = model.get_normalized_probs(model.decoder(prev, encoder_out=encoder_out), log_probs=True)
-    new_order = torch.tensor([1, 1, 3, 2])
-    state = {}
-    for t in range(prev.size(1)):
-        if t == 3:
-            model.decoder.reorder_incremental_state_scripting(state, new_order)
-            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
-            prev, full = prev[new_order], full[new_order]
-        step = model.get_normalized_probs(model.decoder(prev[:, : t + 1], encoder_out=encoder_out,
-                                                        incremental_state=state), log_probs=True)
-        # fairseq's own attention (SHAPE's and NoPE's) takes its softmax in float32 on the incremental path
-        torch.testing.assert_close(step[:, 0], full[:, t], rtol=0, atol=1e-6)
+    # fairseq's own attention (SHAPE's and NoPE's) takes its softmax in float32 on the incremental path
+    tiny_models.assert_incremental_with_reorder_equals_full(model, atol=1e-6)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_sentence_alone_equals_it_left_padded_in_a_batch(arch):
     model = build(arch).eval().double()
-    src, lengths, prev = toy_batch()
+    src, lengths, prev = fixed_batch()
     together = model(src, lengths, prev)[0]
     for b in range(3):
         n = int(lengths[b])
@@ -253,7 +228,7 @@ def test_a_sentence_alone_equals_it_left_padded_in_a_batch(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_beam_search_and_a_long_source(arch):
     model = build(arch).eval()
-    src, lengths, _ = toy_batch()
+    src, lengths, _ = fixed_batch()
     generator = SequenceGenerator([model], TASK.target_dictionary, beam_size=3, max_len_b=8)
     hypos = generator.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})
     assert len(hypos) == 3 and all(h[0]["tokens"].numel() > 0 for h in hypos)
@@ -430,7 +405,7 @@ def first_block_inputs(model, src, lengths, prev):
 
 
 def padded_toy_batch():
-    src, lengths, prev = toy_batch()
+    src, lengths, prev = fixed_batch()
     prev = prev.clone()
     prev[1, -2:] = PAD  # right padding, as fairseq's targets (the sources are left-padded)
     return src, lengths, prev

@@ -11,6 +11,8 @@ from fairseq.modules import MultiheadAttention, SinusoidalPositionalEmbedding
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks.translation import TranslationTask
 
+from tiny_models import assert_incremental_with_reorder_equals_full, fixed_batch
+
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "fairseq_plugins"
 FAIRSEQ_TRAIN = Path(sys.executable).parent / "fairseq-train"
@@ -115,43 +117,16 @@ def test_every_flag_has_help():
     assert all(a.help for a in ours)
 
 
-def batch(dictionary):
-    w = [dictionary.index(f"w{i}") for i in range(12)]
-    pad, eos = dictionary.pad(), dictionary.eos()
-    src = torch.tensor([[w[1], w[2], w[3], w[4], w[5], eos],
-                        [pad, pad, w[6], w[2], w[7], eos],
-                        [pad, w[3], w[3], w[8], w[9], eos]])
-    prev = torch.tensor([[eos, w[5], w[4], w[3], w[2], w[1], w[0]],
-                         [eos, w[7], w[2], w[6], w[6], w[1], w[2]],
-                         [eos, w[9], w[8], w[3], w[3], w[4], w[4]]])
-    return src, (src != pad).sum(1), prev
-
-
 def test_incremental_decoding_with_reorder_equals_full_forward():
     model, task = build("relative_transformer_tiny")
     model.eval().double()
-    src, lengths, prev = batch(task.target_dictionary)
-    beams = torch.tensor([0, 0, 1, 1])  # two sentences, two hypotheses each, as beam search lays them out
-    src, lengths, prev = src[beams], lengths[beams], torch.cat([prev[:2], prev[1:3]])
-    encoder_out = model.encoder(src, src_lengths=lengths)
-    full = model.get_normalized_probs(model.decoder(prev, encoder_out=encoder_out), log_probs=True)
-
-    new_order = torch.tensor([1, 1, 3, 2])  # within each sentence: drop, duplicate and swap hypotheses
-    state = {}
-    for t in range(prev.size(1)):
-        if t == 3:
-            model.decoder.reorder_incremental_state_scripting(state, new_order)
-            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
-            prev, full = prev[new_order], full[new_order]
-        step = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
-        step = model.get_normalized_probs(step, log_probs=True)
-        torch.testing.assert_close(step[:, 0], full[:, t], rtol=0, atol=1e-5)
+    assert_incremental_with_reorder_equals_full(model, atol=1e-5)
 
 
 def test_beam_search_scores_match_teacher_forcing():
     model, task = build("relative_transformer_tiny")
     model.eval()
-    src, lengths, _ = batch(task.target_dictionary)
+    src, lengths, _ = fixed_batch()
     generator = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=8)
     hypos = generator.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})
     eos = task.target_dictionary.eos()

@@ -34,16 +34,59 @@ TASK = Task()
 PAD, EOS = TASK.source_dictionary.pad(), TASK.source_dictionary.eos()
 
 
-def build_with_args(arch, seed=0, dropout=0.0, **kw):
-    """(model, its args): an untrained `arch` on the 24-word task, built as fairseq builds it, seeded."""
+def build_with_args(arch, seed=0, dropout=0.0, task=TASK, **kw):
+    """(model, its args): an untrained `arch` on the 24-word task (or `task`), built as fairseq builds it, seeded."""
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
     torch.manual_seed(seed)
     args = argparse.Namespace(arch=arch, dropout=dropout, **kw)
     ARCH_CONFIG_REGISTRY[arch](args)
-    return ARCH_MODEL_REGISTRY[arch].build_model(args, TASK), args
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, task), args
 
 
-def build(arch, seed=0, dropout=0.0, **kw):
+def build(arch, seed=0, dropout=0.0, task=TASK, **kw):
     """An untrained `arch` on the 24-word task (every test that builds a tiny model in-process uses this)."""
-    return build_with_args(arch, seed, dropout, **kw)[0]
+    return build_with_args(arch, seed, dropout, task, **kw)[0]
+
+
+def batch(bsz=3, src_len=7, tgt_len=6, seed=0):
+    """(src_tokens, src_lengths, prev_output_tokens): random words, padded as fairseq pads a batch."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (bsz, src_len), generator=g)
+    src[0, :3] = PAD  # left padding, as fairseq batches sources
+    prev = torch.randint(4, VOCAB, (bsz, tgt_len), generator=g)
+    prev[:, 0] = EOS
+    prev[1, -2:] = PAD  # right padding, as fairseq batches targets
+    return src, src.ne(PAD).sum(1), prev
+
+
+def fixed_batch():
+    """Three hand-written pairs (left-padded sources, words w0..w9 of any fairseq Dictionary built like TASK's)."""
+    w = list(range(4, 4 + 10))
+    src = torch.tensor([[w[1], w[2], w[3], w[4], w[5], EOS],
+                        [PAD, PAD, w[6], w[2], w[7], EOS],
+                        [PAD, w[3], w[3], w[8], w[9], EOS]])
+    prev = torch.tensor([[EOS, w[5], w[4], w[3], w[2], w[1], w[0]],
+                         [EOS, w[7], w[2], w[6], w[6], w[1], w[2]],
+                         [EOS, w[9], w[8], w[3], w[3], w[4], w[4]]])
+    return src, (src != PAD).sum(1), prev
+
+
+def assert_incremental_with_reorder_equals_full(model, atol):
+    """Beam search's use of a decoder: step by step with incremental state, hypotheses reordered (dropped,
+    duplicated, swapped) after step 3, must give the full forward's log-probabilities of the same prefixes."""
+    src, lengths, prev = fixed_batch()
+    beams = torch.tensor([0, 0, 1, 1])  # two sentences, two hypotheses each, as beam search lays them out
+    src, lengths, prev = src[beams], lengths[beams], torch.cat([prev[:2], prev[1:3]])
+    encoder_out = model.encoder(src, src_lengths=lengths)
+    full = model.get_normalized_probs(model.decoder(prev, encoder_out=encoder_out), log_probs=True)
+    new_order = torch.tensor([1, 1, 3, 2])  # within each sentence: drop, duplicate and swap hypotheses
+    state = {}
+    for t in range(prev.size(1)):
+        if t == 3:
+            model.decoder.reorder_incremental_state_scripting(state, new_order)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+            prev, full = prev[new_order], full[new_order]
+        step = model.get_normalized_probs(model.decoder(prev[:, : t + 1], encoder_out=encoder_out,
+                                                        incremental_state=state), log_probs=True)
+        torch.testing.assert_close(step[:, 0], full[:, t], rtol=0, atol=atol)

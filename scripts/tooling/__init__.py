@@ -4,6 +4,8 @@ scripts/setup_env.sh puts scripts/ on the venv's path for tests and other import
     tooling.atomic   write a file under a temporary name beside it, then rename it into place
     tooling.paths    paths in committed results, relative to the repository (scripts/result_paths.py)
     tooling.bleu     the papers' tokenized BLEU (scripts/tokenized_bleu.py)
+    tooling.bench    the benchmark's measurements, phase by phase (scripts/bench.py)
+    tooling.bench_report  the benchmark's markdown
 
 Command-line entry points stay in scripts/*.py; nothing here runs on import.
 """

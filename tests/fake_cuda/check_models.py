@@ -1,6 +1,6 @@
 """Child process of tests/test_fake_cuda.py: every arch's training step and incremental decoding on fake cuda.
 
-    python tests/fake_cuda/check_models.py LIBRARY OUT.json [SCENARIO ...]
+    cd tests && python -m fake_cuda.check_models LIBRARY OUT.json [SCENARIO ...]
 
 Preloads the guard library (before torch: see ``__init__.py``), then runs each scenario in its own ``FakeCuda``
 and writes, per scenario: ``ok``, ``error`` (the exception and the innermost frame outside torch), ``findings``
@@ -11,9 +11,6 @@ import os
 import sys
 import traceback
 from pathlib import Path
-
-TESTS = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(TESTS), str(TESTS.parent)]
 
 import fake_cuda  # noqa: E402  (no torch import)
 

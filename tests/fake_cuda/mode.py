@@ -25,7 +25,7 @@ Each finding names the innermost frame outside torch and outside this file (``wh
 """
 import sys
 import warnings
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,6 +35,8 @@ import torch.onnx.operators
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+import cuda_stand_ins
 
 TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 HERE = str(Path(__file__).resolve())
@@ -165,75 +167,26 @@ def _checks() -> DeviceChecks:
     return _ACTIVE[-1].checks
 
 
-class Stream:
-    """torch.cuda.Stream: an id only. wait_stream/wait_event order nothing (no device work to order);
-    ``synchronize`` records a host sync."""
-
-    _next = 1
+class Stream(cuda_stand_ins.Stream):
+    """torch.cuda.Stream on cuda:0; ``synchronize`` records a host sync."""
 
     def __init__(self, device=None, priority=0, stream_id=None, **kwargs):
-        if stream_id is None:
-            stream_id, Stream._next = Stream._next, Stream._next + 1
-        self.stream_id, self.device, self.priority = stream_id, torch.device("cuda", 0), priority
+        super().__init__(torch.device("cuda", 0), priority, stream_id)
 
-    def wait_stream(self, stream):
-        pass
-
-    def wait_event(self, event):
-        pass
-
-    def record_event(self, event=None):
-        event = event or Event()
-        event.record(self)
-        return event
-
-    def query(self):
-        return True
-
-    def synchronize(self):
-        _checks().record("host sync", "torch.cuda.Stream.synchronize")
-
-    def __eq__(self, other):
-        return isinstance(other, Stream) and other.stream_id == self.stream_id
-
-    def __hash__(self):
-        return hash(self.stream_id)
+    def host_sync(self, what):
+        _checks().record("host sync", what)
 
 
-class Event:
-    """torch.cuda.Event: record/wait do nothing; ``synchronize`` records a host sync; no timing."""
+class Event(cuda_stand_ins.Event):
+    """torch.cuda.Event; ``synchronize`` records a host sync."""
 
-    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
-        pass
-
-    def record(self, stream=None):
-        pass
-
-    def wait(self, stream=None):
-        pass
-
-    def query(self):
-        return True
-
-    def synchronize(self):
-        _checks().record("host sync", "torch.cuda.Event.synchronize")
-
-    def elapsed_time(self, end):
-        raise RuntimeError("fake CUDA has no timings")
+    def host_sync(self, what):
+        _checks().record("host sync", what)
 
 
-_DEFAULT_STREAM = Stream(stream_id=0)
-_current_stream = [_DEFAULT_STREAM]
-
-
-@contextmanager
-def stream(s):
-    """torch.cuda.stream: makes s the current stream (as seen by current_stream) for the block."""
-    _current_stream.append(s if s is not None else _current_stream[-1])
-    try:
-        yield
-    finally:
-        _current_stream.pop()
+Stream.event_type = Event
+_STREAMS = cuda_stand_ins.Streams(Stream(stream_id=0))
+stream = _STREAMS.stream
 
 
 def _index(device):
@@ -338,8 +291,8 @@ def _shape_as_tensor(x):
 
 STUBS = dict(
     is_available=lambda: True, device_count=lambda: 1, current_device=lambda: 0, set_device=set_device,
-    device=device, Stream=Stream, Event=Event, stream=stream, current_stream=lambda device=None: _current_stream[-1],
-    default_stream=lambda device=None: _DEFAULT_STREAM, synchronize=synchronize, empty_cache=lambda: None,
+    device=device, Stream=Stream, Event=Event, stream=stream, current_stream=_STREAMS.current_stream,
+    default_stream=_STREAMS.default_stream, synchronize=synchronize, empty_cache=lambda: None,
     CUDAGraph=CUDAGraph, graph=graph, graph_pool_handle=graph_pool_handle,
     is_current_stream_capturing=is_current_stream_capturing,
     get_device_capability=lambda device=None: (8, 0), get_device_name=lambda device=None: "fake cuda",

@@ -388,7 +388,7 @@ class FloaterPositions:
         if caches is None or lead._num_updates % every == 0:
             for flow in flows:
                 flow.resume_theta()
-            b0 = self._initial()
+            b0 = self.initial_values()
             ys = solve_checked(flows, b0, num_positions)  # exact gradient to θ and b(0)
             if every > 1:
                 caches = [_TrainCache(b.detach().clone(), _frozen_copy(flow.dynamics)) for flow, b in zip(flows, b0)]
@@ -434,7 +434,7 @@ class FloaterPositions:
         if (cache is None or cache.epochs != self._epochs() or cache.layout != self._layout()
                 or cache.key != key):
             with torch.no_grad():
-                b0 = self._initial()
+                b0 = self.initial_values()
                 ys = solve_checked(self.flows, b0, _cache_size(num_positions))
             cache = self._eval_cache = _EvalCache(key, self._epochs(), self._layout(), b0,
                                                   [y - b.to(y.dtype) for y, b in zip(ys, b0)])
@@ -455,7 +455,7 @@ class FloaterPositions:
         more = solve_checked(self.flows, last, want - have + 1, first_index=have - 1, dynamics=dynamics)
         return [torch.cat([d, m[1:] - b.to(m.dtype)]) for d, m, b in zip(delta, more, y0)]
 
-    def _initial(self) -> List[Tensor]:
+    def initial_values(self) -> List[Tensor]:
         """Per flow (k, d): b(0) of every projection it drives (the solve's initial state)."""
         return [torch.stack([p.bias for p in projections]) for _, projections in self.members]
 

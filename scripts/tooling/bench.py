@@ -1,0 +1,632 @@
+"""The benchmark's measurements (scripts/bench.py is its command line; tooling.bench_report writes its tables).
+
+Phases of `run`, each on one `Bundle` (task, model, criterion, optimizer, as fairseq-train builds them):
+`memory_phase` (fresh processes), then per length `train_phase` and `decode_phase` on fresh bundles.
+
+The protocol, for every sequence length T (source and target both T tokens, a fixed token budget per batch, so
+B = tokens // T sentences):
+
+1. Training update: fairseq's task.train_step (forward + label-smoothed cross-entropy + backward), the trainer's
+   gradient normalisation and norm, and fairseq's Adam step, on a random batch over a synthetic dictionary. The
+   models are timed round-robin (one update of each per repetition, the order rotated every repetition) so that
+   drift in the machine's load hits all of them alike; the figure is the median after warm-up.
+   FLOATER runs twice: with the exact gradient every update (--floater-update-every 1) and with the cached
+   biases of --floater-update-every N. The latter's figure is the amortised cost of one update,
+   ((N − 1)·median(cached update) + median(exact update)) / N: one update in N re-solves.
+2. Decoding: beam-4 search through fairseq's SequenceGenerator with incremental decoding, random sources of
+   length T and min_len = max_len = T, so every model produces exactly T tokens (+ EOS) per sentence and does the
+   same number of steps. Reported per sentence.
+3. Peak memory of one training run: each (model, T) in fresh processes forked from a server that has only
+   imported the libraries; two updates (the first creates Adam's state; FLOATER's first re-solves). On CUDA
+   torch.cuda.max_memory_allocated; on CPU the process's peak resident set (VmHWM, reset through
+   /proc/self/clear_refs) minus its resident set just before the model is built; the median of --memory-reps
+   processes (the allocator's high-water mark varies from run to run).
+4. FLOATER's ODE: its share of an exact update is 1 − (cached update) / (exact update), both medians of the same
+   rounds: the cached update is the same model doing everything but the solve and its backward.
+
+With --profile-length T the script also records torch.profiler's top operators of one update of every model.
+
+With --count-ops it measures no time but counts, through a TorchDispatchMode, the aten operators (views aside:
+each is one kernel launch on a GPU) and the host synchronisations (operators that read a device value on the
+host: .item()/bool()/tolist(), equal, is_nonzero, nonzero) of one training update of the transformer, the
+relative model and FLOATER, and of FLOATER's exact solve of its three flows and its backward alone (with
+their CPU time, one thread), at every length; it writes --out-json/--out-md (default results/bench_ops.*).
+"""
+
+import logging
+import multiprocessing
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+# fairseq 0.12.2's Hydra 1.0-era config calls and its torch.cuda.amp.autocast call warn on every model build/update
+warnings.filterwarnings("ignore", category=UserWarning, message=r"(?s).*(hydra|[Cc]onfig[Ss]tore|version_base|strict flag|package header)")
+warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.cuda\.amp\.autocast")
+logging.getLogger("fairseq.utils").setLevel(logging.WARNING)  # "--user-dir ... has already been imported"
+
+from fairseq_plugins.modules.position_schemes import MODELS as SCHEME_TABLE  # noqa: E402  (the table of schemes)
+from tooling.paths import REPO  # noqa: E402
+
+PLUGINS = REPO / "fairseq_plugins"
+COMMON_FLAGS = [
+    "--task", "translation", "--share-all-embeddings",
+    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+]
+PRELOAD = ["fairseq_plugins", "fairseq.options", "fairseq.optim", "fairseq.tasks.translation",
+           "fairseq.sequence_generator", "torch._dynamo"]  # torch.optim imports torch._dynamo on first use
+
+# The compared models, from the table of schemes (fairseq_plugins/modules/position_schemes.py): (architecture, extra
+# flags) per size. The base relative arch pins Shaw et al.'s FFN of 1024, so every model gets
+# --encoder/decoder-ffn-embed-dim 1024: every model has the same dims and differs only in its position scheme.
+BASE_FFN = ["--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024"]
+ARCHS = {dims: {name: (scheme.arch(dims), list(scheme.flags) + (BASE_FFN if dims == "base" else []))
+                for name, scheme in SCHEME_TABLE.items()}
+         for dims in ("base", "tiny")}
+SCHEME_NAMES = tuple(n for n in SCHEME_TABLE if n not in ("transformer", "relative", "floater"))
+BASELINE = "transformer"
+
+
+def model_specs(dims, floater_every):
+    """name -> (arch, flags, kind) for every model bench can compare (FLOATER twice: exact and cached)."""
+    archs = ARCHS[dims]
+    return {
+        "transformer": (*archs["transformer"], "transformer"),
+        "relative": (*archs["relative"], "relative"),
+        "floater": (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1"], "floater"),
+        f"floater_every{floater_every}": (
+            archs["floater"][0], archs["floater"][1] + ["--floater-update-every", str(floater_every)], "floater"),
+        **{name: (*archs[name], name) for name in SCHEME_NAMES},
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# building models, batches and steps through fairseq's own APIs
+
+
+def synthetic_dictionary(size):
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(size - len(d)):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+
+@dataclass
+class Bundle:
+    """One model as fairseq-train holds it: task, model, criterion, fairseq's Adam, and the update counter."""
+
+    task: Any
+    model: torch.nn.Module
+    criterion: Any
+    optimizer: Any
+    updates: int = 1
+    kind: Optional[str] = None
+
+    @classmethod
+    def build(cls, arch, flags, dictionary, device, seed, kind=None):
+        """Parse `--arch arch flags` with fairseq's training parser and build as fairseq-train does, seeded."""
+        from fairseq import optim, options
+        from fairseq.tasks.translation import TranslationTask
+
+        argv = ["unused-data-dir", "--user-dir", str(PLUGINS), "--arch", arch, *COMMON_FLAGS, *flags]
+        args = options.parse_args_and_arch(options.get_training_parser(),
+                                           argv + (["--cpu"] if device == "cpu" else []))
+        task = TranslationTask(args, dictionary, dictionary)
+        torch.manual_seed(seed)
+        model = task.build_model(args).to(device)
+        criterion = task.build_criterion(args).to(device)
+        optimizer = optim.build_optimizer(args, [p for p in model.parameters() if p.requires_grad])
+        return cls(task, model, criterion, optimizer, kind=kind)
+
+    def train_update(self, sample):
+        """One training update as fairseq's Trainer does it: zero grads, train_step (forward, criterion,
+        backward), gradients divided by the sample size, gradient norm (no clipping), Adam step, update counter."""
+        self.optimizer.zero_grad()
+        _, sample_size, _ = self.task.train_step(sample, self.model, self.criterion, self.optimizer, self.updates)
+        self.optimizer.multiply_grads(1.0 / (sample_size or 1.0))
+        self.optimizer.clip_grad_norm(0.0)
+        self.optimizer.step()
+        self.updates += 1
+        self.model.set_num_updates(self.updates)
+
+
+def random_batch(dictionary, bsz, length, device, seed):
+    """B sentences of `length` random tokens (last one EOS) on both sides, as fairseq's collater lays them out."""
+    g = torch.Generator().manual_seed(seed)
+    eos = dictionary.eos()
+
+    def sentences():
+        x = torch.randint(dictionary.nspecial, len(dictionary), (bsz, length), generator=g)
+        x[:, -1] = eos
+        return x
+
+    src, tgt = sentences(), sentences()
+    prev = torch.cat([torch.full((bsz, 1), eos), tgt[:, :-1]], dim=1)
+    sample = {
+        "id": torch.arange(bsz), "nsentences": bsz, "ntokens": bsz * length, "target": tgt,
+        "net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), length), "prev_output_tokens": prev},
+    }
+    from fairseq import utils
+
+    return utils.move_to_cuda(sample) if device == "cuda" else sample
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def num_solves(model):
+    """FLOATER's count of ODE solves so far (its flows' num_solves diagnostics)."""
+    return sum(getattr(m, "num_solves", 0) for m in model.modules())
+
+
+def timed(fn, device):
+    """(wall seconds, process CPU seconds) of fn()."""
+    sync(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    sync(device)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def load_average():
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return None
+
+
+def rotated(names, rep):
+    r = rep % len(names)
+    return names[r:] + names[:r]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# peak memory: one fresh process per (model, T)
+
+
+def _status_kb(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def memory_probe(job):
+    """Runs in a fresh forked process: peak memory (MiB) of building the model and two training updates."""
+    import gc
+
+    torch.set_num_threads(job["threads"])
+    device = job["device"]
+    dictionary = synthetic_dictionary(job["vocab"])
+    sample = random_batch(dictionary, job["bsz"], job["length"], device, seed=job["seed"])
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
+        base = _status_kb("VmRSS") * 1024
+    bundle = Bundle.build(job["arch"], job["flags"], dictionary, device, job["seed"])
+    for _ in range(2):
+        bundle.train_update(sample)
+    sync(device)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else _status_kb("VmHWM") * 1024
+    return (peak - base) / 2**20
+
+
+def measure_memory(jobs, workers):
+    """Each job in its own process, forked from a server that has imported the libraries and computed nothing;
+    `workers` of them at a time (they measure memory, not time). Yields (job, MiB) in order."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    with ctx.Pool(workers, maxtasksperchild=1) as pool:
+        yield from zip(jobs, pool.imap(memory_probe, jobs))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# profiles
+
+
+def profile_call(fn, device, top):
+    """torch.profiler over one call of fn: the top operators by self time, and the self time of fairseq's
+    and FLOATER's labelled ranges (record_function), which is the Python between operators in that range."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        sync(device)
+    events = prof.key_averages()
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    total = sum(getattr(e, key) for e in events)
+    rows = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
+    out = {"total_self_ms": total / 1e3,
+           "top": [{"op": e.key, "self_ms": getattr(e, key) / 1e3, "calls": e.count,
+                    "share": getattr(e, key) / total if total else 0.0} for e in rows]}
+    out["ranges_self_ms"] = {e.key: e.self_cpu_time_total / 1e3 for e in events
+                             if e.key.startswith("EnsembleModel") or "floater" in e.key.lower()}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the run
+
+
+CLOCKS = ("wall", "cpu")
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def summarise(row, key, samples, clock):
+    """row[key_s] = {clock: samples}, row[key_{clock}_median_s] for both clocks, row[key_median_s] = the chosen one."""
+    row[f"{key}_s"] = {c: [t[i] for t in samples] for i, c in enumerate(CLOCKS)}
+    for c in CLOCKS:
+        row[f"{key}_{c}_median_s"] = median(row[f"{key}_s"][c])
+    row[f"{key}_median_s"] = row[f"{key}_{clock}_median_s"]
+
+
+def parse_lengths(text):
+    return [int(x) for x in text.split(",")]
+
+
+def parse_per_length(text, lengths, name):
+    values = [int(x) for x in str(text).split(",")]
+    if len(values) == 1:
+        values = values * len(lengths)
+    if len(values) != len(lengths) or min(values) < 1:
+        raise SystemExit(f"--{name}: one positive integer or one per length ({len(lengths)})")
+    return dict(zip(lengths, values))
+
+
+SYNCING_OPS = frozenset({"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "item"})
+
+
+def op_counter():
+    """A TorchDispatchMode counting non-view aten operators and, by name, those that synchronise with the host."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops, self.syncs = 0, Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += not func.is_view
+            name = func.overloadpacket.__name__
+            if name in SYNCING_OPS:
+                self.syncs[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    return CountOps()
+
+
+def count_ops(args):
+    """Operators and host syncs of one training update per model and of FLOATER's exact solve (see the docstring)."""
+    from fairseq_plugins.modules.floater import solve_flows
+    from fairseq_plugins.modules.floater.dynamics import STEPS_PER_DT
+
+    device, lengths = args.device, parse_lengths(args.lengths)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    specs = model_specs(args.dims, args.floater_every)
+    dictionary = synthetic_dictionary(args.vocab)
+    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.silent else (lambda *a: None)
+    updates, solves = [], []
+    for T in lengths:
+        bsz = max(1, args.tokens // T)
+        for name in ("transformer", "relative", "floater"):
+            arch, flags, _ = specs[name]
+            bundle = Bundle.build(arch, flags, dictionary, device, args.seed)
+            model = bundle.model
+            sample = random_batch(dictionary, bsz, T, device, args.seed)
+            bundle.train_update(sample)  # Adam's state and every lazily built buffer exist from here on
+            with op_counter() as counter:
+                bundle.train_update(sample)
+            updates.append({"model": name, "length": T, "batch_sentences": bsz, "ops": counter.ops,
+                            "syncs": dict(counter.syncs)})
+            log(f"ops {name:>12} T={T:<4} update: {counter.ops} operators, syncs {dict(counter.syncs)}")
+            if name != "floater":
+                continue
+            flows = model.floater_positions.flows
+            rows = [len(projections) for _, projections in model.floater_positions.members]
+            steps = STEPS_PER_DT * (T - 1)
+
+            def solve():
+                initial = model.floater_positions.initial_values()
+                return solve_flows(flows, initial, T)
+
+            with op_counter() as forward:
+                ys = solve()
+            loss = sum(y.float().sum() for y in ys)
+            with op_counter() as backward:
+                loss.backward()
+            times = []
+            for _ in range(2):  # CPU seconds on CPU (a shared machine), wall seconds on CUDA; the better of two
+                box = []
+                forward_t = timed(lambda: box.append(solve()), device)
+                backward_t = timed(lambda: sum(y.float().sum() for y in box.pop()).backward(), device)
+                clock = 1 if device == "cpu" else 0
+                times.append((forward_t[clock], backward_t[clock]))
+            forward_s = min(t[0] for t in times)
+            backward_s = min(t[1] for t in times)
+            solves.append({"length": T, "rows": rows, "steps": steps, "forward_ops": forward.ops,
+                           "backward_ops": backward.ops, "forward_ops_per_step": forward.ops / steps,
+                           "backward_ops_per_step": backward.ops / steps, "forward_syncs": dict(forward.syncs),
+                           "backward_syncs": dict(backward.syncs), "forward_s": forward_s,
+                           "backward_s": backward_s})
+            log(f"ops solve T={T}: forward {forward.ops} ({forward.ops / steps:.1f}/step), backward {backward.ops}"
+                f" ({backward.ops / steps:.1f}/step), syncs {dict(forward.syncs)} / {dict(backward.syncs)}")
+    return {"kind": "count_ops", "command": "scripts/bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+            "settings": {"dims": args.dims, "lengths": lengths, "tokens": args.tokens, "device": device,
+                         "threads": torch.get_num_threads()},
+            "machine": machine(device), "source": source_state(), "updates": updates, "solves": solves}
+
+
+
+def source_state():
+    """The commit measured, and any plugin file that differs from it (uncommitted changes)."""
+    import subprocess
+
+    def git(*argv):  # only trailing whitespace is stripped: porcelain lines start with a status column
+        try:
+            return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=True).stdout.rstrip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    changed = git("status", "--porcelain", "--", "fairseq_plugins")
+    return {"commit": git("rev-parse", "HEAD"),
+            "uncommitted_plugin_files": [line[3:] for line in changed.splitlines()] if changed else []}
+
+
+def machine(device):
+    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "cores": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the run: memory, then per length training and decoding, each phase filling the rows of one report
+
+
+@dataclass
+class Plan:
+    """What one run measures (from the command line) and where it writes: rows[(model, T)], loads, profiles."""
+
+    args: Any
+    lengths: list
+    reps: dict  # T -> timed updates
+    decode_reps: dict  # T -> timed decoding calls
+    specs: dict
+    names: list
+    cached: str
+    dictionary: Any
+    rows: dict
+    log: Any
+    loads: list
+    profiles: dict
+
+    @property
+    def decoded(self):
+        return [n for n in self.names if n != self.cached]  # the cached FLOATER is the same model at inference
+
+    def bundles(self):
+        """Fresh models (same seed) of every compared name."""
+        args = self.args
+        return {n: Bundle.build(self.specs[n][0], self.specs[n][1], self.dictionary, args.device, args.seed,
+                                kind=self.specs[n][2]) for n in self.names}
+
+
+def plan(args):
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lengths = parse_lengths(args.lengths)
+    specs = model_specs(args.dims, args.floater_every)
+    cached = f"floater_every{args.floater_every}"
+    asked = args.models.split(",")
+    names = [n for n in specs if n in asked or n == BASELINE or (n == cached and "floater_cached" in asked)]
+    if cached in names and "floater" not in names:
+        raise SystemExit("--models: floater_cached needs floater (its amortised update includes one exact update)")
+    rows = {(n, T): {"model": n, "arch": specs[n][0], "flags": specs[n][1], "length": T,
+                     "batch_sentences": max(1, args.tokens // T)} for n in names for T in lengths}
+    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.silent else (lambda *a: None)
+    return Plan(args, lengths, parse_per_length(args.reps, lengths, "reps"),
+                parse_per_length(args.decode_reps, lengths, "decode-reps"), specs, names, cached,
+                synthetic_dictionary(args.vocab), rows, log, [load_average()], {})
+
+
+def memory_phase(p):
+    """3. Peak memory, first, while this process has computed nothing (each probe is a fresh process anyway)."""
+    args = p.args
+    jobs = [dict(name=n, arch=p.specs[n][0], flags=p.specs[n][1], length=T, bsz=p.rows[n, T]["batch_sentences"],
+                 vocab=args.vocab, device=args.device, seed=args.seed, threads=torch.get_num_threads())
+            for T in p.lengths for n in p.names]
+    for job, mib in measure_memory(jobs * args.memory_reps, args.memory_workers):
+        row = p.rows[job["name"], job["length"]]
+        row.setdefault("peak_memory_mib_samples", []).append(mib)
+        row["peak_memory_mib"] = median(row["peak_memory_mib_samples"])
+        p.log(f"memory {job['name']:>18} T={job['length']:<4} {mib:9.1f} MiB")
+    p.loads.append(load_average())
+
+
+def train_phase(p, bundles, T, sample):
+    """1. Training updates at length T, round-robin; the cached FLOATER's amortised update and the ODE's share."""
+    args, names, cached, rows = p.args, p.names, p.cached, p.rows
+    times = {n: [] for n in names}  # (wall, cpu) pairs
+    solve_times = []  # the cached model's updates that re-solved (excluded from its cached median)
+    for _ in range(args.warmup):
+        for n in names:
+            bundles[n].train_update(sample)
+    for rep in range(p.reps[T]):
+        for n in rotated(names, rep):
+            b = bundles[n]
+            solves = num_solves(b.model)
+            t = timed(lambda: b.train_update(sample), args.device)
+            if n == cached and num_solves(b.model) > solves:
+                solve_times.append(t)
+            else:
+                times[n].append(t)
+        p.loads.append(load_average())
+    for n in names:
+        summarise(rows[n, T], "train_update", times[n], args.clock)
+    if cached in names:
+        row, every = rows[cached, T], args.floater_every
+        row["train_update_resolve_s"] = {c: [t[i] for t in solve_times] for i, c in enumerate(CLOCKS)}
+        for suffix in ("", "_wall", "_cpu"):  # amortised: one exact update in N
+            exact = rows["floater", T][f"train_update{suffix}_median_s"]
+            row[f"train_update_cached{suffix}_median_s"] = row[f"train_update{suffix}_median_s"]
+            row[f"train_update{suffix}_median_s"] = ((every - 1) * row[f"train_update{suffix}_median_s"]
+                                                     + exact) / every
+        # the ODE's share of an exact update: all that the cached update (same model) does not do
+        rows["floater", T]["ode_share"] = (
+            1 - row["train_update_cached_median_s"] / rows["floater", T]["train_update_median_s"])
+    p.log(f"train  T={T:<4} B={rows[names[0], T]['batch_sentences']:<4} " + "  ".join(
+        f"{n} {rows[n, T]['train_update_median_s'] * 1e3:.1f} ms" for n in names)
+        + (f"  (cached {rows[cached, T]['train_update_cached_median_s'] * 1e3:.1f} ms)" if cached in names else ""))
+    if args.profile_length == T:
+        for n in names:
+            p.profiles[n] = profile_call(lambda: bundles[n].train_update(sample), args.device, args.profile_top)
+        p.profiles["length"] = T
+
+
+def decode_phase(p, bundles, T):
+    """2. Beam search at length T: every decoded model produces exactly T tokens (+ EOS) per sentence."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    args, decoded, rows = p.args, p.decoded, p.rows
+    dbsz = max(1, args.decode_tokens // T)
+    src = random_batch(p.dictionary, dbsz, T, args.device, seed=args.seed + 7 * T)
+    src = {"net_input": {k: src["net_input"][k] for k in ("src_tokens", "src_lengths")}}
+    generators = {n: SequenceGenerator([bundles[n].model], p.dictionary, beam_size=4, max_len_a=0,
+                                       max_len_b=T, min_len=T) for n in decoded}
+    out_len = {}
+
+    def decode(n):
+        hypos = generators[n].generate([bundles[n].model], src)
+        out_len[n] = {len(h[0]["tokens"]) for h in hypos}
+
+    dtimes = {n: [] for n in decoded}
+    for n in decoded:
+        bundles[n].model.eval()  # once: FLOATER's eval cache lives until the next train()/eval()
+        decode(n)  # warm-up (FLOATER fills its eval cache here)
+    for rep in range(p.decode_reps[T]):
+        for n in rotated(decoded, rep):
+            dtimes[n].append(tuple(t / dbsz for t in timed(lambda: decode(n), args.device)))
+        p.loads.append(load_average())
+    if args.profile_decode == T:
+        p.profiles["decode"] = {n: profile_call(lambda: decode(n), args.device, args.profile_top) for n in decoded}
+        p.profiles["decode_length"], p.profiles["decode_sentences"] = T, dbsz
+    for n in decoded:
+        assert out_len[n] == {T + 1}, f"{n}: output lengths {out_len[n]}, expected {T + 1}"
+        rows[n, T]["decode_sentences"] = dbsz
+        summarise(rows[n, T], "decode_per_sentence", dtimes[n], args.clock)
+        bundles[n].model.train()
+    p.log(f"decode T={T:<4} B={dbsz:<4} " + "  ".join(
+        f"{n} {rows[n, T]['decode_per_sentence_median_s'] * 1e3:.1f} ms/sent" for n in decoded))
+
+
+def run(args):
+    """Every phase the command line asks for; the report (JSON-able) with ratios to the Transformer and goals."""
+    p = plan(args)
+    started = time.time()
+    if not args.no_memory:
+        memory_phase(p)
+    params, bundles = None, {}
+    for T in p.lengths:
+        # Fresh models (same seed) at every length: each length measures the same initial state, and a
+        # flow trained on random batches at one length cannot diverge at the next (long grids amplify it).
+        bundles.clear()  # the previous length's models go before the next ones are built
+        bundles = p.bundles()
+        if params is None:
+            params = {n: sum(x.numel() for x in b.model.parameters()) for n, b in bundles.items()}
+        sample = random_batch(p.dictionary, p.rows[p.names[0], T]["batch_sentences"], T, args.device,
+                              seed=args.seed + T)
+        train_phase(p, bundles, T, sample)
+        if not args.no_decode:
+            decode_phase(p, bundles, T)
+    return report(p, params, started)
+
+
+def report(p, params, started):
+    args, rows = p.args, p.rows
+    for (n, T), row in rows.items():  # ratios to the Transformer
+        base = rows[BASELINE, T]
+        for key, ratio in (("train_update_median_s", "train_ratio"), ("decode_per_sentence_median_s", "decode_ratio"),
+                           ("peak_memory_mib", "memory_ratio")):
+            if row.get(key) is not None and base.get(key):
+                row[ratio] = row[key] / base[key]
+    settings = {k: v for k, v in vars(args).items() if k not in ("out_json", "out_md", "silent")}
+    return {
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+        "machine": machine(args.device),
+        "source": source_state(),
+        "settings": settings,
+        "parameters": params,
+        "load_average": {"samples": [x for x in p.loads if x], "start": p.loads[0], "end": load_average()},
+        "wall_s": time.time() - started,
+        "memory_method": ("torch.cuda.max_memory_allocated in a fresh process" if args.device == "cuda" else
+                          "peak resident set (VmHWM, reset via /proc/self/clear_refs) minus the resident set just "
+                          "before building the model, in a fresh process forked from a server that has only "
+                          "imported the libraries")
+                         + f"; building the model and two updates; median of {args.memory_reps} such processes",
+        "rows": [rows[n, T] for T in p.lengths for n in p.names],
+        "profiles": p.profiles,
+        "goals": goals(rows, p.lengths, p.cached),
+    }
+
+
+GOALS = [  # (model, measure, bound, lengths: None = every length)
+    ("relative", "train_ratio", 1.05, None),
+    ("relative", "decode_ratio", 1.10, None),
+    ("relative", "memory_ratio", 1.10, [256]),
+    ("floater", "train_ratio", 1.15, None),
+    ("CACHED", "train_ratio", 1.03, None),
+    ("floater", "decode_ratio", 1.02, None),
+    ("rope", "train_ratio", 1.03, None),
+    ("rope", "decode_ratio", 1.03, None),
+    *((m, measure, 1.08, None) for m in ("t5", "alibi") for measure in ("train_ratio", "decode_ratio")),
+    *((m, "memory_ratio", 1.05, None) for m in ("rope", "t5", "alibi")),
+]
+
+
+def goals(rows, lengths, cached):
+    out = []
+    for model, measure, bound, at in GOALS:
+        model = cached if model == "CACHED" else model
+        for T in (at if at is not None else lengths):
+            value = rows.get((model, T), {}).get(measure)
+            if value is not None:
+                out.append({"model": model, "measure": measure, "length": T, "bound": bound, "value": value,
+                            "met": value <= bound})
+    return out
