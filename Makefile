@@ -13,9 +13,9 @@ setup:
 
 demo: setup
 ifeq ($(DATA),multi30k)
-	@bash scripts/run_multi30k.sh
+	@bash scripts/recipes/multi30k_demo.sh
 else
-	@bash scripts/demo.sh
+	@bash scripts/recipes/toy_demo.sh
 endif
 
 test: setup

@@ -10,7 +10,7 @@
    Transformer).
 
 ``--dry-run`` runs the same code on CPU at the smallest sizes (CUDA graphs through the CPU emulation in
-tests/cuda_graph_emulation.py), so that everything but the GPU itself is exercised; its report says so.
+tests/helpers/cuda_graph_emulation.py), so that everything but the GPU itself is exercised; its report says so.
 Budget on one H100: about 25 minutes (``--jobs`` training runs share the GPU).
 """
 

@@ -42,7 +42,7 @@ def toy_data(tmp_path_factory):
 
 
 class ToyModels:
-    """Trains each arch once per session with the demo recipe (scripts/train_toy.sh), and evaluates each
+    """Trains each arch once per session with the demo recipe (scripts/train_small.sh), and evaluates each
     checkpoint once per split with scripts/generate.sh."""
 
     def __init__(self, data, root):
@@ -52,8 +52,8 @@ class ToyModels:
         key = (arch, epochs) + extra
         if key not in self.done:
             save = self.root / "_".join(str(a).strip("-").replace("-", "") for a in key)
-            run(["bash", "scripts/train_toy.sh", save.name, arch, *extra],
-                env_extra={"DATA": str(self.data / "bin"), "EPOCHS": str(epochs), "SAVE_DIR": str(save)})
+            run(["bash", "scripts/train_small.sh", str(self.data / "bin"), str(save), arch, *extra],
+                env_extra={"EPOCHS": str(epochs)})
             self.done[key] = save / "checkpoint_best.pt"
         return self.done[key]
 

@@ -1,4 +1,4 @@
-"""fairseq-train with CUDA graphs emulated on CPU (tests/cuda_graph_emulation.py), so that FLOATER's training
+"""fairseq-train with CUDA graphs emulated on CPU (tests/helpers/cuda_graph_emulation.py), so that FLOATER's training
 solves take their CUDA-graph path: one process, or one rank of a --distributed-no-spawn run."""
 import argparse
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 from fairseq import utils
 from fairseq_cli.train import cli_main
 
-from cuda_graph_emulation import capture_count, emulated_cuda_graphs  # beside this file: its directory is on sys.path
+from helpers.cuda_graph_emulation import capture_count, emulated_cuda_graphs  # beside this file: its directory is on sys.path
 
 TESTS = Path(__file__).resolve().parent
 

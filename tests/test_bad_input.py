@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from conftest import BIN, REPO, env
-from small_task import VOCAB, run_split, small_data, tiny_checkpoint, train_cmd
+from helpers.small_task import VOCAB, run_split, small_data, tiny_checkpoint, train_cmd
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def test_demo_rejects_an_unknown_model_before_writing(tmp_path):
     """make demo's MODELS takes architectures or the table of schemes' model names; anything else is one line
     naming it, before any data, checkpoint or result is written."""
     out = tmp_path / "demo"
-    proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO, text=True, capture_output=True,
+    proc = subprocess.run(["bash", "scripts/recipes/toy_demo.sh"], cwd=REPO, text=True, capture_output=True,
                           env={**env(), "MODELS": "transformer shaw_transformer_tiny", "OUT": str(out)})
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [

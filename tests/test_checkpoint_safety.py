@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import BIN, env
-from small_task import run_split, small_data, tiny_checkpoint
+from helpers.small_task import run_split, small_data, tiny_checkpoint
 
 
 class RunsCode:

@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from small_task import assert_same_model, last_valid_loss, run1, small_data, train_cmd, two_ranks
+from helpers.small_task import assert_same_model, last_valid_loss, run1, small_data, train_cmd, two_ranks
 
 MAX_UPDATE = 6
 FP16_RTOL = 1e-4  # measured: 2 of 4,160 entries of one θ tensor differ by one fp16 subnormal step (2.4e-6)

@@ -9,8 +9,8 @@ from fairseq import options
 from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-import tiny_models
-from tiny_models import EOS, PAD, TASK, VOCAB, batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from helpers import tiny_models
+from helpers.tiny_models import EOS, PAD, TASK, VOCAB, batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 
 def build(arch="transformer_every_layer_pos_tiny", seed=0, **kw):

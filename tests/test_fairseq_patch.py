@@ -14,7 +14,7 @@ from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
-from small_task import run1, small_data, train_cmd
+from helpers.small_task import run1, small_data, train_cmd
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 
@@ -25,8 +25,8 @@ TABLE_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix]  # eve
 PLUGIN_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix and s.family != "transformer"]
 
 
-import tiny_models  # noqa: E402
-from tiny_models import one_thread  # noqa: E402, F401  (autouse fixture)
+from helpers import tiny_models  # noqa: E402
+from helpers.tiny_models import one_thread  # noqa: E402, F401  (autouse fixture)
 
 
 class Task:
@@ -124,7 +124,7 @@ def test_bf16_trains_on_cpu_without_a_tpu(data, tmp_path, arch, optimizer):
 def test_generate_decodes_in_the_precision_asked_for(data, tmp_path_factory, flag, dtype):
     """fairseq-generate --bf16 decoded in float32 once --bf16 stopped meaning TPU (fairseq only knew --fp16):
     the patch casts the model as asked. The hypotheses' scores carry the low precision's rounding."""
-    from small_task import run_split, tiny_checkpoint
+    from helpers.small_task import run_split, tiny_checkpoint
 
     ckpt = tiny_checkpoint(tmp_path_factory, "floater_transformer_tiny")
 

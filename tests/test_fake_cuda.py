@@ -1,4 +1,4 @@
-"""Every arch with CUDA device semantics on a CPU build (tests/fake_cuda: fake tensors on cuda:0, a do-nothing
+"""Every arch with CUDA device semantics on a CPU build (tests/helpers/fake_cuda: fake tensors on cuda:0, a do-nothing
 CUDA device guard compiled on first use, torch.cuda stubbed): two training updates (forward, loss, backward,
 Adam step) and incremental decoding with a beam reorder; FLOATER also with its solve captured as CUDA graphs.
 
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-import fake_cuda
+from helpers import fake_cuda
 from fairseq_plugins.modules.position_schemes import SCHEMES
 
 CHILD = fake_cuda.HERE / "check_models.py"
@@ -43,8 +43,8 @@ def results(tmp_path_factory):
     except fake_cuda.BuildError as err:
         pytest.skip(f"fake CUDA guard library not built: {err}")
     out = tmp_path_factory.mktemp("fake_cuda") / "results.json"
-    proc = subprocess.run([sys.executable, "-m", "fake_cuda.check_models", str(library), str(out)],
-                          cwd=CHILD.parents[1], capture_output=True, text=True, timeout=600,
+    proc = subprocess.run([sys.executable, "-m", "helpers.fake_cuda.check_models", str(library), str(out)],
+                          cwd=CHILD.parents[2], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0 or not out.exists():
         pytest.fail(f"{CHILD.name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -93,6 +93,6 @@ def test_checks_catch_what_they_look_for(results):
     found = {(f["kind"], f["in_capture"], f["where"]) for f in result["findings"]}
     for (kind, in_capture), comment in expected.items():
         line = next(i for i, text in enumerate(lines, 1) if comment in text)
-        assert (kind, in_capture, f"tests/fake_cuda/check_models.py:{line} (controls)") in found, (kind, found)
+        assert (kind, in_capture, f"tests/helpers/fake_cuda/check_models.py:{line} (controls)") in found, (kind, found)
     copy = next(i for i, text in enumerate(lines, 1) if "# host sync: a copy" in text)
     assert any(f["op"] == "_to_copy" and f["where"].endswith(f":{copy} (controls)") for f in result["findings"])

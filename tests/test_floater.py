@@ -18,7 +18,7 @@ from fairseq_plugins.modules.floater import (  # noqa: E402
     FloaterFlow,
     FloaterSolverError,
 )
-from floater_helpers import (  # noqa: E402, F401  (one_thread: autouse fixture)
+from helpers.floater_helpers import (  # noqa: E402, F401  (one_thread: autouse fixture)
     one_thread,
     VOCAB,
     TASK,
@@ -352,7 +352,7 @@ def test_decoding_overflow_ends_fairseq_interactive_with_one_line(tmp_path):
     import sys
 
     from fairseq import checkpoint_utils
-    from tiny_models import build_with_args
+    from helpers.tiny_models import build_with_args
 
     model, args = build_with_args("floater_transformer_tiny", floater_dt=0.1)
     g = torch.Generator().manual_seed(1)

@@ -9,7 +9,7 @@ from fairseq import utils
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 from fairseq_plugins.modules import floater  # noqa: E402
-from floater_helpers import (  # noqa: E402, F401  (one_thread: autouse fixture)
+from helpers.floater_helpers import (  # noqa: E402, F401  (one_thread: autouse fixture)
     one_thread,
     PAD,
     flows,

@@ -1,13 +1,13 @@
 """FLOATER's CUDA-graph solve trains with the same gradients as its step-by-step loop, with gradient accumulation
 (--update-freq, DDP's no_sync) and in every precision mode, on CPU through an emulation of CUDA graphs
-(tests/cuda_graph_emulation.py: captured buffers overwritten by every replay, as on a GPU).
+(tests/helpers/cuda_graph_emulation.py: captured buffers overwritten by every replay, as on a GPU).
 
 - the emulation itself reproduces what torch's make_graphed_callables does on CUDA: its backward hands autograd
   its static gradient buffers detached, so a parameter reached only through views (stack, unsqueeze) keeps the
   buffer itself as its .grad; the next backward's replay overwrites it and AccumulateGrad's in-place sum then
   doubles it (float32: 2·g_last instead of Σ g_i; in float16 the cast makes a fresh tensor and the sum is right);
   a replay overwrites the static output of the previous call; a host synchronisation during capture raises;
-- fairseq's Trainer in this process (tests/precision_harness.py), for --update-freq 1, 2, 3 and each precision
+- fairseq's Trainer in this process (tests/helpers/precision_harness.py), for --update-freq 1, 2, 3 and each precision
   mode: the gradient each update steps with is the loop's, parameter by parameter;
 - two gloo ranks (legacy_ddp, pytorch_ddp), update-freq 2, the emulation in each rank: the final parameters are
   those of the same ranks running the loop.
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuda_graph_emulation import CaptureError, capture_count, emulated_cuda_graphs
-from floater_helpers import one_thread, randomize_flows  # noqa: F401  (one_thread: autouse fixture)
-from precision_harness import MODES, build_trainer, cpu_fp16_optimizer, master_grads
-from small_task import assert_same_model, small_data, two_ranks
+from helpers.cuda_graph_emulation import CaptureError, capture_count, emulated_cuda_graphs
+from helpers.floater_helpers import one_thread, randomize_flows  # noqa: F401  (one_thread: autouse fixture)
+from helpers.precision_harness import MODES, build_trainer, cpu_fp16_optimizer, master_grads
+from helpers.small_task import assert_same_model, small_data, two_ranks
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_capture_is_thread_local_on_a_side_stream_of_the_solves_device(emulation
     """Other threads (NCCL's watchdog) may query events while a capture is open: only thread_local capture mode
     leaves them alone; the capture runs under the solve's own device (a model on cuda:1 without set_device)."""
     from fairseq_plugins.modules.floater import solve_flows
-    from floater_helpers import random_flows
+    from helpers.floater_helpers import random_flows
 
     entered, captures = [], []
 
@@ -132,7 +132,7 @@ def test_one_solve_in_flight_and_bounded_graph_memory(emulation):
     first backward reads); the graphs hold one tape, of the longest bucket, plus small static buffers."""
     from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
     from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings, solve_flows
-    from floater_helpers import random_flows, values_and_gradients
+    from helpers.floater_helpers import random_flows, values_and_gradients
 
     flows, initial = random_flows(rows=(3, 2), cuda_graph=True)
     plain = [FloaterFlow(6, 7, FloaterSettings()).double() for _ in flows]
@@ -164,7 +164,7 @@ def test_non_finite_extra_rows_of_a_bucket_stop_the_solve(emulation):
     """A captured solve integrates to its bucket's length: if only the rows past the batch's overflow, their
     0·inf would enter θ's gradient as NaN; the kept rows become NaN and the finiteness check refuses the solve."""
     from fairseq_plugins.modules.floater import FloaterSolverError, solve_checked
-    from floater_helpers import random_flows
+    from helpers.floater_helpers import random_flows
 
     from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
 

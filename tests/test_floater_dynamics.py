@@ -15,7 +15,7 @@ from fairseq_plugins.modules.floater import (  # noqa: E402
     solve_flows,
     solve_on_grid,
 )
-from floater_helpers import (  # noqa: E402, F401  (one_thread: autouse fixture)
+from helpers.floater_helpers import (  # noqa: E402, F401  (one_thread: autouse fixture)
     one_thread,
     build,
     randomize_flows,

@@ -11,8 +11,8 @@ import copy
 import pytest
 import torch
 
-import tiny_models
-from tiny_models import TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from helpers import tiny_models
+from helpers.tiny_models import TASK, VOCAB, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 ARCH, N = "floater_transformer_tiny", 4
 

@@ -16,7 +16,7 @@ from fairseq_plugins.modules.floater import (  # noqa: E402
     solve_flows,
     solve_on_grid,
 )
-from floater_helpers import (  # noqa: E402, F401  (one_thread: autouse fixture)
+from helpers.floater_helpers import (  # noqa: E402, F401  (one_thread: autouse fixture)
     one_thread,
     random_flows,
     values_and_gradients,
@@ -133,7 +133,7 @@ def test_captured_solve_path_buckets_lengths_and_keeps_values(monkeypatch):
     """The CUDA-graph path on CPU through the emulation of CUDA graphs (replays overwrite static buffers): a length
     solves its bucket's grid and keeps its first rows, values and gradients as the plain loop; a forward and a
     backward graph per bucket; a longer bucket replaces the shared tape (and recaptures a shorter one later)."""
-    from cuda_graph_emulation import capture_count, emulated_cuda_graphs
+    from helpers.cuda_graph_emulation import capture_count, emulated_cuda_graphs
 
     assert [floater_rk4.graph_bucket(n) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129, 200)] == \
         [16, 16, 24, 24, 32, 48, 64, 96, 128, 192, 256]

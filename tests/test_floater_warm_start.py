@@ -23,7 +23,7 @@ spec.loader.exec_module(converter)
 VOCAB = 30
 
 
-from tiny_models import one_thread  # noqa: E402, F401  (autouse fixture)
+from helpers.tiny_models import one_thread  # noqa: E402, F401  (autouse fixture)
 
 
 def make_task():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import REPO, env
-from small_task import small_data
+from helpers.small_task import small_data
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""scripts/run_multi30k_study.sh end to end on a synthetic Multi30k-shaped slice (never skips): two models, two
+"""scripts/recipes/multi30k_study.sh end to end on a synthetic Multi30k-shaped slice (never skips): two models, two
 seeds, one epoch of a tiny model, the FLOATER warm start from each seed's transformer, the table with mean ± std
 and paired bootstrap p-values; a rerun retrains nothing. And the literature's tokenized lowercased BLEU against
 a hand computation from n-gram counts."""
@@ -41,7 +41,7 @@ def study(corpus, work, check=True, **overrides):
            "EPOCHS": "1", "WARMUP": "10", "FT_EPOCHS": "1", "FT_WARMUP": "5", "AVG": "1", "FT_AVG": "1",
            "VOCAB": "200", "MAX_TOKENS": "1024", "MODEL_ARGS": TINY, "JOBS": "2"}
     env.update(overrides)
-    return run(["bash", "scripts/run_multi30k_study.sh"], check=check, env_extra=env)
+    return run(["bash", "scripts/recipes/multi30k_study.sh"], check=check, env_extra=env)
 
 
 def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
@@ -92,7 +92,7 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
     assert (results / "table.md").read_text(encoding="utf-8") == table
 
     # seeds asked for but not run yet: the table says so (the table step alone, which would not train them)
-    run([sys.executable, "scripts/study_table.py", "table", "--runs", str(results / "runs"), "--models",
+    run([sys.executable, "scripts/study.py", "table", "--runs", str(results / "runs"), "--models",
          " ".join(MODELS), "--seeds", "1 2 3", "--out", str(tmp_path / "partial")])
     assert "**PARTIAL: 4 of 6 runs done** (seeds done: transformer 2/3, floater_warm 2/3)" in (
         tmp_path / "partial" / "table.md").read_text(encoding="utf-8")
@@ -102,7 +102,7 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
     refs = (corpus / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
     keep = [i for i, line in enumerate(src) if len(line.split()) > 10]
     assert 0 < len(keep) < len(src)
-    run([sys.executable, "scripts/study_table.py", "table", "--runs", str(results / "runs"), "--models",
+    run([sys.executable, "scripts/study.py", "table", "--runs", str(results / "runs"), "--models",
          " ".join(MODELS), "--seeds", "1 2", "--split-src", str(corpus / "test_2016_flickr.en"), "--split-at", "10",
          "--out", str(tmp_path / "long")])
     summary = json.loads((tmp_path / "long" / "summary.json").read_text())
@@ -122,10 +122,10 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
     assert beyond["models"]["floater_warm"]["vs_transformer"]["seeds"] == [1, 2]
     assert "FLOATER > sinusoidal, paper's protocol (Liu et al. 2020, Table 2), sources > 10 words" in (
         tmp_path / "long" / "table.md").read_text(encoding="utf-8")
-    alone = run([sys.executable, "scripts/study_table.py", "table", "--runs", str(results / "runs"), "--models",
+    alone = run([sys.executable, "scripts/study.py", "table", "--runs", str(results / "runs"), "--models",
                  "transformer", "--seeds", "1", "--split-at", "10", "--out", str(tmp_path / "bad")], check=False)
     assert alone.returncode != 0 and alone.stdout.strip().splitlines() == [
-        "study_table.py: --split-src and --split-at go together (the test sources, and a length in source words)"]
+        "study.py: --split-src and --split-at go together (the test sources, and a length in source words)"]
     assert not (tmp_path / "bad").exists()
 
 
@@ -236,7 +236,7 @@ def test_train_short_test_long_protocol(corpus, tmp_path):
 def test_bad_input_is_one_line_before_anything_is_written(corpus, tmp_path, overrides, message):
     proc = study(corpus, tmp_path, check=False, **overrides)
     assert proc.returncode != 0
-    assert proc.stdout.strip().splitlines() == [f"run_multi30k_study.sh: {message}"]
+    assert proc.stdout.strip().splitlines() == [f"multi30k_study.sh: {message}"]
     assert not list(tmp_path.iterdir()), "nothing is written before the input is checked"
 
 

@@ -36,8 +36,8 @@ def test_train_resume_generate_score(toy_data, tmp_path):
     """1 epoch, then the same command with 2 epochs resumes from checkpoint_last.pt (which proves
     checkpoints load under torch's weights_only loader), then every test sentence gets a hypothesis."""
     save = tmp_path / "ckpt"
-    cmd = ["bash", "scripts/train_toy.sh", "resume", "transformer_tiny"]
-    envs = {"DATA": str(toy_data / "bin"), "SAVE_DIR": str(save)}
+    cmd = ["bash", "scripts/train_small.sh", str(toy_data / "bin"), str(save), "transformer_tiny"]
+    envs = {}
     first = run(cmd, env_extra={**envs, "EPOCHS": "1"}).stdout
     assert (save / "checkpoint_last.pt").is_file()
     updates_1 = int(re.findall(r"num_updates (\d+)", first)[-1])

@@ -11,8 +11,8 @@ from fairseq import checkpoint_utils
 from fairseq.modules import SinusoidalPositionalEmbedding
 
 from conftest import REPO, env
-from floater_helpers import randomize_flows
-from tiny_models import PAD, build_with_args, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from helpers.floater_helpers import randomize_flows
+from helpers.tiny_models import PAD, build_with_args, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 import plot_positions as pp
 

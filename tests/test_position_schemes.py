@@ -25,10 +25,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from conftest import BIN, REPO, run
-from precision_harness import build_trainer
-from small_task import small_data
-import tiny_models
-from tiny_models import EOS, PAD, TASK, VOCAB, fixed_batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from helpers.precision_harness import build_trainer
+from helpers.small_task import small_data
+from helpers import tiny_models
+from helpers.tiny_models import EOS, PAD, TASK, VOCAB, fixed_batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
 from fairseq_plugins.modules.position_schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
     architectures

@@ -1,6 +1,6 @@
 """Every model trains with its own, correct gradients in every precision mode fairseq offers.
 
-Each case runs fairseq's own Trainer (tests/precision_harness.py: on CPU, fp16/bf16 arithmetic included) for a
+Each case runs fairseq's own Trainer (tests/helpers/precision_harness.py: on CPU, fp16/bf16 arithmetic included) for a
 few updates and checks after every update:
 - each parameter was stepped with its own gradient: the optimizer's float32 gradient equals the gradient a
   float32 copy of the model computes from the very weights that update used, within the mode's rounding
@@ -14,9 +14,9 @@ few updates and checks after every update:
 import pytest
 import torch
 
-from precision_harness import (MODELS, MODES, build_trainer, cpu_fp16_optimizer, gradient_errors, master_grads,
+from helpers.precision_harness import (MODELS, MODES, build_trainer, cpu_fp16_optimizer, gradient_errors, master_grads,
                                master_params, reference_grads, theta_parameters)
-from small_task import small_data
+from helpers.small_task import small_data
 
 UPDATES = 5
 # Per-update gradient error bound: float32 arithmetic (amp runs in float32 on CPU), fp16 (11-bit significand),

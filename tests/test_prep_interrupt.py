@@ -6,7 +6,7 @@ import hashlib
 import re
 import shutil
 
-from small_task import VOCAB, kill_group, run1, small_raw, start, wait_for
+from helpers.small_task import VOCAB, kill_group, run1, small_raw, start, wait_for
 
 # fairseq-preprocess's console log (OUT/preprocess.log) carries wall-clock timestamps; they are dropped before
 # comparing. Everything else must be byte-identical.

@@ -11,7 +11,7 @@ from fairseq.modules import MultiheadAttention, SinusoidalPositionalEmbedding
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks.translation import TranslationTask
 
-from tiny_models import assert_incremental_with_reorder_equals_full, fixed_batch
+from helpers.tiny_models import assert_incremental_with_reorder_equals_full, fixed_batch
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "fairseq_plugins"

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from small_task import (assert_same_model, kill_group, last_valid_loss, run1, small_data, start, train_cmd,
+from helpers.small_task import (assert_same_model, kill_group, last_valid_loss, run1, small_data, start, train_cmd,
                         wait_for)
 
 SAVE_EVERY = 6  # the kill comes right after the checkpoint of update 6 (an epoch has ~40 updates)

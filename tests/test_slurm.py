@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import REPO, env
-from slurm_cluster import SlurmCluster, SlurmUnavailable, ensure_installed, free_port
+from helpers.slurm_cluster import SlurmCluster, SlurmUnavailable, ensure_installed, free_port
 
 pytestmark = pytest.mark.slurm
 MAX_UPDATE = 12  # enough updates after the first checkpoint for the signal to arrive mid-training

@@ -8,7 +8,7 @@
 #   EPOCHS=12  (the shared budget)
 #   OUT=results/demo  (where the tables, plot and translations go)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODELS=${MODELS:-"transformer_tiny relative_transformer_tiny floater_transformer_tiny"}
 OUT=${OUT:-results/demo}  # where the tables, plot and translations go
 EDGES=1,11,21,31,41,61,81
@@ -32,7 +32,7 @@ for i in "${!specs[@]}"; do
   mkdir -p "checkpoints/$exp"
   start=$(date +%s)
   # shellcheck disable=SC2086
-  DATA=data/toy/bin bash scripts/train_toy.sh "$exp" "$arch" $flags >> "checkpoints/$exp/train.log" 2>&1 ||
+  bash scripts/train_small.sh data/toy/bin "checkpoints/$exp" "$arch" $flags >> "checkpoints/$exp/train.log" 2>&1 ||
     { tail -5 "checkpoints/$exp/train.log" >&2; exit 1; }
   echo "   trained in $(( $(date +%s) - start )) s"
   for subset in test test_long; do

@@ -36,12 +36,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import cuda_stand_ins
+from helpers import cuda_stand_ins
 
 TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 HERE = str(Path(__file__).resolve())
 SITE = str(Path(torch.__file__).resolve().parents[1])
-REPO = str(Path(__file__).resolve().parents[2])
+REPO = str(Path(__file__).resolve().parents[3])
 # torch's own frames between an operator call and a dispatch mode: not the torch function the code called
 DISPATCH_PLUMBING = tuple(f"{TORCH_DIR}/{p}" for p in (
     "_compile.py", "_dynamo/", "_ops.py", "utils/_python_dispatch.py", "utils/_stats.py", "_subclasses/"))

@@ -1,23 +1,18 @@
 #!/usr/bin/env python3
-"""Results of a multi-seed study (scripts/run_multi30k_study.sh): one JSON per (model, seed) run, the table
-with mean ± std and paired bootstrap p-values, and the validation-loss curves.
+"""The Multi30k study's decisions and results (scripts/study.py is its command line; the study runs through
+scripts/recipes/multi30k_study.sh).
 
-  # one finished run: its generate.sh JSON + hypotheses -> RUNS/MODEL.seedS.json and .hyp
-  scripts/study_table.py run-result --model transformer --seed 1 --test-json RUN/test.json \
-      --ref data/.../raw/test.de --train-log RUN/train.log --out RUNS/transformer.seed1.json [--meta k=v ...]
-  # every run JSON in RUNS -> table.md (+ summary.json); runs missing from MODELS x SEEDS mark it partial
-  scripts/study_table.py table --runs RUNS --models "transformer relative" --seeds "1 2 3" --out OUT_DIR
-  # validation loss against updates, one line per run
-  scripts/study_table.py plot --runs RUNS --out OUT_DIR/valid_loss.png
-  # a finished run trained again (its checkpoints were lost): one line on how it compares with the record
-  scripts/study_table.py retrain-note --recorded RUNS/transformer.seed1.json --test-json RUN/test.json --out F
+Decisions: which runs, in which order (`plan`: from scratch first, then the fine-tunes of a trained transformer),
+and what to do with each (`decide`: run, skip, or train a finished transformer again because its checkpoints are
+not on this machine and a fine-tune of its seed needs them; a result made with another recipe is an error).
 
-Two BLEU scores per run: sacreBLEU (cased, detokenized, with its signature) and the Multi30k literature's
-tokenized BLEU (13a tokens, lowercased, BLEU on tokens: scripts/tokenized_bleu.py --lowercase
---no-compound-split). Significance: sacrebleu's paired bootstrap resampling (1,000 resamples, seed 12345),
-per seed (seed s of one model against seed s of the other) and pooled (the seeds' test sets concatenated).
+Results: one JSON per (model, seed) run (`run_result`), the table with mean ± std and paired bootstrap
+p-values (`table`), the validation-loss curves (`plot`). Two BLEU scores per run: sacreBLEU (cased, detokenized,
+with its signature) and the Multi30k literature's tokenized BLEU (13a tokens, lowercased, BLEU on tokens:
+scripts/tokenized_bleu.py --lowercase --no-compound-split). Significance: sacrebleu's paired bootstrap resampling
+(1,000 resamples, seed 12345), per seed (seed s of one model against seed s of the other) and pooled (the seeds'
+test sets concatenated).
 """
-import argparse
 import json
 import os
 import re
@@ -47,7 +42,7 @@ CLAIMS = [
 
 
 def fail(msg):
-    sys.exit(f"study_table.py: {msg}")
+    sys.exit(f"study.py: {msg}")
 
 
 def read_lines(path):
@@ -377,47 +372,44 @@ def plot(args):
     print(f"plot -> {args.out}")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run-result")
-    r.add_argument("--model", required=True)
-    r.add_argument("--seed", type=int, required=True)
-    r.add_argument("--test-json", required=True, help="scripts/generate.sh output")
-    r.add_argument("--ref", required=True, help="raw reference")
-    r.add_argument("--train-log", required=True)
-    r.add_argument("--out", required=True)
-    r.add_argument("--meta", nargs="*", default=[], help="key=value pairs stored in the JSON")
-    t = sub.add_parser("table")
-    t.add_argument("--runs", required=True)
-    t.add_argument("--models", required=True)
-    t.add_argument("--seeds", required=True)
-    t.add_argument("--baseline", default="transformer")
-    t.add_argument("--pair", default="en-de")
-    t.add_argument("--sentences", default="1000")
-    t.add_argument("--out", required=True, help="directory for table.md and summary.json")
-    t.add_argument("--source-dependence", help="directory of scripts/source_dependence.py JSONs, MODEL.seedS.json")
-    t.add_argument("--ref", help="the test references (default: the path each run recorded)")
-    t.add_argument("--split-src", help="the test sources: adds the table on the test sentences of at most and of "
-                                       "more than --split-at source words")
-    t.add_argument("--split-at", type=int, help="the length that splits the test set, in source words (e.g. the "
-                                                "training runs' MAX_TRAIN_LEN)")
-    t.add_argument("--split-note", help="what the longer sentences are to these runs, shown in their heading "
-                                        "(e.g. 'longer than any training sentence')")
-    n = sub.add_parser("retrain-note")
-    n.add_argument("--recorded", required=True, help="the recorded run's JSON")
-    n.add_argument("--test-json", required=True, help="scripts/generate.sh output of the run trained again")
-    n.add_argument("--out", required=True)
-    u = sub.add_parser("updates")
-    u.add_argument("run_json")
-    p = sub.add_parser("plot")
-    p.add_argument("--runs", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--title", default="validation loss")
-    args = ap.parse_args()
-    {"run-result": run_result, "table": table, "plot": plot, "updates": updates,
-     "retrain-note": retrain_note}[args.cmd](args)
+# ---------------------------------------------------------------------------------------------------------------
+# decisions
+
+FINE_TUNES = ("floater_warm", "transformer_ft")  # continue the same seed's trained transformer
 
 
-if __name__ == "__main__":
-    main()
+def plan(models, seeds):
+    """[(phase, model, seed)]: every run trained from scratch, then ("warm") those that continue a transformer,
+    which must all have finished first."""
+    return [(phase, m, s) for phase in ("scratch", "warm") for m in models
+            if (m in FINE_TUNES) == (phase == "warm") for s in seeds]
+
+
+def recorded_recipe(result):
+    try:
+        with open(result, encoding="utf-8") as f:
+            return json.load(f).get("recipe")
+    except (OSError, ValueError) as err:
+        fail(f"{result}: not a run result ({err})")
+
+
+def decide(model, seed, models, out, run_dir, recipe):
+    """What one (model, seed) of the study needs: "run" (train, resuming if it started), "skip" (its result
+    exists), or "retrain": a finished transformer whose checkpoints are not on this machine (they stay on the one
+    that trained it) while a fine-tune of its seed is still to run; it is trained again with the same command and
+    its recorded result kept. Its test.json tells: older than the result, trained here; newer with no
+    retrain.txt yet, a retraining that has not finished."""
+    def done(path):
+        return os.path.isfile(path) and os.path.getsize(path) > 0
+
+    result = os.path.join(out, "runs", f"{model}.seed{seed}.json")
+    if not done(result):
+        return "run"
+    if recorded_recipe(result) != recipe:
+        fail(f"{result} was made with another recipe; remove it (and its checkpoints) to run it again")
+    pending = any(not done(os.path.join(out, "runs", f"{m}.seed{seed}.json")) for m in models if m in FINE_TUNES)
+    test_json, note = os.path.join(run_dir, "test.json"), os.path.join(run_dir, "retrain.txt")
+    if model == "transformer" and pending and (
+            not done(test_json) or (os.path.getmtime(test_json) > os.path.getmtime(result) and not done(note))):
+        return "retrain"
+    return "skip"

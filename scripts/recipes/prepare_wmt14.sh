@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # WMT14 English-German / English-French, from the statmt.org archives to fairseq binarized data.
 #
-#   scripts/prepare_wmt14.sh en-de|en-fr [--from DIR] [--out DIR] [--vocab N] [--download-dir DIR]
+#   scripts/recipes/prepare_wmt14.sh en-de|en-fr [--from DIR] [--out DIR] [--vocab N] [--download-dir DIR]
 #                            [--checksums FILE]
 #
 # The corpora are those of fairseq's examples/translation/prepare-wmt14en2de.sh --icml17 (WMT14 data only) and
@@ -15,7 +15,7 @@
 # complete, and a step's marker is written after its files, so a killed run is safe to rerun):
 #   1. archives: taken from --from DIR (already downloaded; nothing is fetched), or downloaded into
 #      --download-dir (default data/wmt14_downloads) with resume (curl -C -), then checked against
-#      --checksums (default scripts/wmt14_checksums.txt; an archive without a recorded checksum is reported
+#      --checksums (default scripts/recipes/wmt14_checksums.txt; an archive without a recorded checksum is reported
 #      with its sha256 for recording);
 #   2. the needed members are extracted to OUT/orig/;
 #   3. train: normalised (non-printing characters removed, whitespace collapsed) and cleaned like Moses'
@@ -36,8 +36,9 @@
 # Environment: WORKERS (fairseq-preprocess workers, default 2), SPM_TRAIN_SENTENCES (default 2000000), PY,
 # WMT14_URL_BASE (default https://www.statmt.org: a mirror with the same wmt10/ wmt13/ wmt14/ layout).
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(dirname "$HERE")
+HERE=$(cd "$(dirname "$0")" && pwd)  # scripts/recipes
+SCRIPTS=$(dirname "$HERE")
+ROOT=$(dirname "$SCRIPTS")
 PY=${PY:-python}
 die() { echo "prepare_wmt14.sh: $*" >&2; exit 1; }
 usage() { echo "usage: $0 en-de|en-fr [--from DIR] [--out DIR] [--vocab N] [--download-dir DIR] [--checksums FILE]" >&2; exit 2; }
@@ -114,9 +115,9 @@ for entry in "${ARCHIVES[@]}"; do
       mv "$archive.part" "$archive"
     fi
   fi
-  "$PY" "$HERE/wmt14_data.py" verify "$archive" --checksums "$SUMS"
+  "$PY" "$SCRIPTS/wmt14_data.py" verify "$archive" --checksums "$SUMS"
   # shellcheck disable=SC2086  # members are space-separated paths without spaces
-  "$PY" "$HERE/wmt14_data.py" extract "$archive" "$OUT/orig" $members
+  "$PY" "$SCRIPTS/wmt14_data.py" extract "$archive" "$OUT/orig" $members
   mark_done "extract.$name"
 done
 
@@ -124,15 +125,15 @@ done
 if ! done_marker train; then
   pairs=()
   for corpus in "${CORPORA[@]}"; do pairs+=(--pair "$OUT/orig/$corpus.en" "$OUT/orig/$corpus.$TGT"); done
-  "$PY" "$HERE/wmt14_data.py" clean "${pairs[@]}" --out-prefix "$OUT/raw/train" --src en --tgt "$TGT"
+  "$PY" "$SCRIPTS/wmt14_data.py" clean "${pairs[@]}" --out-prefix "$OUT/raw/train" --src en --tgt "$TGT"
   mark_done train
 fi
 if ! done_marker dev_test; then
-  "$PY" "$HERE/wmt14_data.py" sgm "$OUT/orig/dev/newstest2013-src.en.sgm" "$OUT/raw/valid.en"
-  "$PY" "$HERE/wmt14_data.py" sgm "$OUT/orig/dev/newstest2013-ref.$TGT.sgm" "$OUT/raw/valid.$TGT"
-  "$PY" "$HERE/wmt14_data.py" sgm "$OUT/orig/$TEST_SGM-src.en.sgm" "$OUT/raw/test.en"
-  "$PY" "$HERE/wmt14_data.py" sgm "$OUT/orig/$TEST_SGM-ref.$TGT.sgm" "$OUT/raw/test.$TGT"
-  for split in valid test; do "$PY" "$HERE/wmt14_data.py" aligned "$OUT/raw/$split.en" "$OUT/raw/$split.$TGT"; done
+  "$PY" "$SCRIPTS/wmt14_data.py" sgm "$OUT/orig/dev/newstest2013-src.en.sgm" "$OUT/raw/valid.en"
+  "$PY" "$SCRIPTS/wmt14_data.py" sgm "$OUT/orig/dev/newstest2013-ref.$TGT.sgm" "$OUT/raw/valid.$TGT"
+  "$PY" "$SCRIPTS/wmt14_data.py" sgm "$OUT/orig/$TEST_SGM-src.en.sgm" "$OUT/raw/test.en"
+  "$PY" "$SCRIPTS/wmt14_data.py" sgm "$OUT/orig/$TEST_SGM-ref.$TGT.sgm" "$OUT/raw/test.$TGT"
+  for split in valid test; do "$PY" "$SCRIPTS/wmt14_data.py" aligned "$OUT/raw/$split.en" "$OUT/raw/$split.$TGT"; done
   mark_done dev_test
 fi
 
@@ -141,7 +142,7 @@ if [ -f "$OUT/.done/vocab" ] && [ "$(cat "$OUT/.done/vocab")" != "$VOCAB" ]; the
   die "$OUT was prepared with --vocab $(cat "$OUT/.done/vocab"), not $VOCAB (use another --out)"
 fi
 [ -f "$OUT/.done/vocab" ] || echo "$VOCAB" > "$OUT/.done/vocab"
-PY=$PY bash "$HERE/prepare_bitext.sh" "$OUT/raw" "$OUT" en "$TGT" "$VOCAB"
+PY=$PY bash "$SCRIPTS/prepare_bitext.sh" "$OUT/raw" "$OUT" en "$TGT" "$VOCAB"
 for split in train valid test; do
   printf '%s %s lines\n' "$OUT/raw/$split.en" "$(wc -l < "$OUT/raw/$split.en")"
 done

@@ -5,7 +5,7 @@ import copy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tiny_models import EOS, PAD, TASK, VOCAB, batch, build, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from helpers.tiny_models import EOS, PAD, TASK, VOCAB, batch, build, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.floater import flows as floater  # solve_flows is looked up there
 from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings
 

@@ -30,7 +30,7 @@ import torch.cuda.graphs
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-import cuda_stand_ins
+from helpers import cuda_stand_ins
 
 aten = torch.ops.aten
 

@@ -2,8 +2,8 @@
 # Real-text recipe: Multi30k task 1 (image captions), the demo's three models with one budget, BLEU overall and by
 # source length under a train-short / test-long protocol, table + plot.
 #
-#   MULTI30K_DIR=../shared/data/multi30k scripts/run_multi30k.sh       # local copy: train/val/test_2016_flickr.{en,de,fr}
-#   scripts/run_multi30k.sh                                            # otherwise downloads the public task-1 files
+#   MULTI30K_DIR=../shared/data/multi30k scripts/recipes/multi30k_demo.sh  # local copy: train/val/test_2016_flickr.{en,de,fr}
+#   scripts/recipes/multi30k_demo.sh                                   # otherwise downloads the public task-1 files
 #
 # Protocol: train on training pairs whose source has <= MAX_TRAIN_LEN words (default 14: 79% of the
 # corpus), validate on val, test on the full test_2016_flickr (1000 sentences) bucketed by source length, so
@@ -12,7 +12,7 @@
 #   EDGES, SMALL_MODEL_ARGS; DATA_DIR, CKPT_ROOT, OUT_DIR (default data/, checkpoints/, results/multi30k_SRCTGT).
 # Idempotent: reuses prepared data and finished checkpoints.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PAIR=${PAIR:-en-de}
 SRC=${PAIR%-*} TGT=${PAIR#*-}
 MODELS=${MODELS:-"transformer_tiny relative_transformer_tiny floater_transformer_tiny"}
@@ -42,7 +42,7 @@ fi
 for split in train val test_2016_flickr; do
   for lang in "$SRC" "$TGT"; do
     [ -s "$MULTI30K_DIR/$split.$lang" ] ||
-      { echo "run_multi30k.sh: MULTI30K_DIR=$MULTI30K_DIR lacks $split.$lang (expected train, val, test_2016_flickr .$SRC/.$TGT)" >&2; exit 1; }
+      { echo "multi30k_demo.sh: MULTI30K_DIR=$MULTI30K_DIR lacks $split.$lang (expected train, val, test_2016_flickr .$SRC/.$TGT)" >&2; exit 1; }
   done
 done
 mkdir -p "$DATA/raw" "$OUT"
@@ -63,7 +63,7 @@ for arch in $MODELS; do
   mkdir -p "$CKPT_ROOT/$exp"
   start=$(date +%s)
   # shellcheck disable=SC2086
-  DATA=$DATA/bin EPOCHS=${EPOCHS:-12} SAVE_DIR=$CKPT_ROOT/$exp bash scripts/train_toy.sh "$exp" "$arch" $SMALL_MODEL_ARGS \
+  EPOCHS=${EPOCHS:-12} bash scripts/train_small.sh "$DATA/bin" "$CKPT_ROOT/$exp" "$arch" $SMALL_MODEL_ARGS \
     --max-source-positions 512 --max-target-positions 512 >> "$CKPT_ROOT/$exp/train.log" 2>&1 ||
     { tail -5 "$CKPT_ROOT/$exp/train.log" >&2; exit 1; }
   echo "   trained in $(( $(date +%s) - start )) s"

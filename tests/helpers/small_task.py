@@ -40,7 +40,7 @@ def small_data(tmp_path_factory):
 
 
 def train_cmd(data, save_dir, arch, *extra, max_update=12, seed=1):
-    """fairseq-train on the small corpus: the demo recipe (scripts/train_toy.sh) with small batches, a short
+    """fairseq-train on the small corpus: the demo recipe (scripts/train_small.sh) with small batches, a short
     warm-up and no dropout by default (callers add --dropout where they want randomness)."""
     return [str(BIN / "fairseq-train"), str(data / "bin"), "--user-dir", "fairseq_plugins", "--arch", arch,
             "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "2e-3",

@@ -1,4 +1,4 @@
-"""torch.cuda's streams and events for CPU test layers (tests/cuda_graph_emulation.py, tests/fake_cuda/): CPU work
+"""torch.cuda's streams and events for CPU test layers (tests/helpers/cuda_graph_emulation.py, tests/helpers/fake_cuda/): CPU work
 is synchronous, so waits order nothing; a subclass's ``host_sync`` hears of every synchronize."""
 import contextlib
 

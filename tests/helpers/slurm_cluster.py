@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from small_task import free_port
+from helpers.small_task import free_port
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client")
 DAEMONS = ("slurmctld", "slurmd")

@@ -8,7 +8,7 @@ import torch
 from fairseq import utils
 from fairseq.data import Dictionary
 
-utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[2] / "fairseq_plugins")))
 
 VOCAB = 24
 

@@ -2,8 +2,8 @@
 # Evidence on real text: Multi30k En-De (test_2016_flickr), several seeds per model, one budget for all, paired
 # bootstrap significance against the Transformer, FLOATER by the paper's warm-start protocol.
 #
-#   MULTI30K_DIR=../shared/data/multi30k scripts/run_multi30k_study.sh      # train/val/test_2016_flickr.{en,de}
-#   JOBS=2 ... scripts/run_multi30k_study.sh                                 # two single-threaded runs side by side
+#   MULTI30K_DIR=../shared/data/multi30k scripts/recipes/multi30k_study.sh  # train/val/test_2016_flickr.{en,de}
+#   JOBS=2 ... scripts/recipes/multi30k_study.sh                             # two single-threaded runs side by side
 #
 # Recipe: the tiny Transformer of the Multi30k literature (Wu, Kong & Kao 2021: 4+4 layers, d=128, FFN 256,
 # 4 heads, shared embeddings, dropout 0.3, Adam, lr 0.005, inverse-sqrt, label smoothing 0.1, 4,096 tokens per
@@ -47,7 +47,7 @@
 set -euo pipefail
 
 main() {
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PAIR=${PAIR:-en-de}
 SRC=${PAIR%-*} TGT=${PAIR#*-}
 MODELS=${MODELS:-"transformer relative floater floater_warm transformer_ft"}
@@ -117,18 +117,19 @@ bash scripts/prepare_bitext.sh "$DATA/raw" "$DATA" "$SRC" "$TGT" "$VOCAB"
 RECIPE="epochs=$EPOCHS warmup=$WARMUP lr=$LR ft_epochs=$FT_EPOCHS ft_warmup=$FT_WARMUP avg=$AVG ft_avg=$FT_AVG \
 vocab=$VOCAB max_tokens=$MAX_TOKENS beam=$BEAM lenpen=$LENPEN max_train_len=${MAX_TRAIN_LEN:-none} model_args=$MODEL_ARGS"
 
-# --- the runs: first everything trained from scratch, then what starts from a trained transformer
-failed=0
-for phase in scratch warm; do
-  for m in $MODELS; do
-    case $m in floater_warm|transformer_ft) [ $phase = warm ] || continue ;; *) [ $phase = scratch ] || continue ;; esac
-    for s in $SEEDS; do
-      while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || failed=$((failed + 1)); done
-      run_one "$m" "$s" &
-    done
-  done
-  while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=$((failed + 1)); done
-done
+# --- the runs, in the order scripts/study.py plan gives: everything trained from scratch, then (once all of
+# those have finished) what starts from a trained transformer; JOBS of them side by side
+failed=0 phase=
+plan=$(python scripts/study.py plan --models "$MODELS" --seeds "$SEEDS")
+while read -r next m s; do
+  if [ "$next" != "$phase" ]; then
+    while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=$((failed + 1)); done
+    phase=$next
+  fi
+  while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || failed=$((failed + 1)); done
+  run_one "$m" "$s" &
+done <<< "$plan"
+while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=$((failed + 1)); done
 
 # --- table (partial while runs are missing), validation curves, BLEU by length
 echo
@@ -137,7 +138,7 @@ echo "results: $OUT/"
 (( failed == 0 )) || die "$failed run(s) failed: see the logs above"
 }
 
-die() { echo "run_multi30k_study.sh: $*" >&2; exit 1; }
+die() { echo "multi30k_study.sh: $*" >&2; exit 1; }
 
 # The table from every finished run (after each run too, so that it is current while the study goes on).
 tabulate() {
@@ -145,12 +146,12 @@ tabulate() {
   local sentences split=()
   [ -z "$MAX_TRAIN_LEN" ] || split=(--split-src "$DATA/raw/test.$SRC" --split-at "$MAX_TRAIN_LEN")
   sentences=$(awk 'END { print NR }' "$DATA/raw/test.$TGT")
-  python scripts/study_table.py table --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
+  python scripts/study.py table --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
     --sentences "$sentences" --out "$OUT" \
     --source-dependence "$OUT/source_dependence" "${split[@]}" ${split:+--split-note "longer than any training sentence"}
   [ ! -d "$OUT" ] || python scripts/result_paths.py "$OUT" > /dev/null  # older code wrote absolute paths
   if compgen -G "$OUT/runs/*.json" > /dev/null; then
-    python scripts/study_table.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
+    python scripts/study.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
       --title "Multi30k $SRC-$TGT: validation loss (${MAX_TRAIN_LEN:+train <= $MAX_TRAIN_LEN words, }one line per seed)"
   fi
   [ -n "$MAX_TRAIN_LEN" ] || return 0
@@ -179,7 +180,7 @@ tabulate() {
   done
   (( ${#inputs[@]} )) || return 0
   if (( compared && !differ )); then  # the references' own table, split at the same length
-    python scripts/study_table.py table --runs "$all_lengths" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
+    python scripts/study.py table --runs "$all_lengths" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
       --sentences "$sentences" --out "$OUT/all_lengths" \
       --source-dependence "$(dirname "$all_lengths")/source_dependence" \
       --ref "$DATA/raw/test.$TGT" "${split[@]}" --split-note "seen in training" > /dev/null
@@ -199,38 +200,19 @@ length_score() {  # HYP MODEL NAME OUT [--note NOTE]: sacreBLEU per source-lengt
 
 copy() { cp "$1" "$2.tmp" && mv "$2.tmp" "$2"; }
 
-# Whether a run that continues seed $1's transformer is asked for and not finished.
-fine_tunes_pending() {
-  local m
-  for m in $MODELS; do
-    case $m in floater_warm|transformer_ft) [ -s "$OUT/runs/$m.seed$1.json" ] || return 0 ;; esac
-  done
-  return 1
-}
-
 # One (model, seed): train (resuming), average, translate test, score. Its own log: CKPT_ROOT/MODEL.seedS/train.log.
 run_one() {
   local model=$1 seed=$2
   local name=$model.seed$seed
   local dir=$CKPT_ROOT/$name result=$OUT/runs/$name.json
-  local again=
-  if [ -s "$result" ]; then
-    python - "$result" "$RECIPE" <<'PY' || die "$result was made with another recipe; remove it (and its checkpoints) to run it again"
-import json, sys
-sys.exit(json.load(open(sys.argv[1], encoding="utf-8")).get("recipe") != sys.argv[2])
-PY
-    # trained here: its test.json is older than its result; trained again: newer, then retrain.txt follows
-    if [ $model = transformer ] && fine_tunes_pending "$seed" && { [ ! -s "$dir/test.json" ] ||
-         { [ "$dir/test.json" -nt "$result" ] && [ ! -s "$dir/retrain.txt" ]; }; }; then
-      # checkpoints stay on the machine that trained them; a later session trains the run again (the same
-      # command) for its fine-tunes and records how the two compare; the recorded result is kept
-      again=1
-      echo "== $name: done ($result), but its checkpoints are not here and its fine-tunes need them"
-    else
-      echo "== $name: skipped (done: $result)"
-      return 0
-    fi
-  fi
+  local again= decision
+  decision=$(python scripts/study.py decide --model "$model" --seed "$seed" --models "$MODELS" --out "$OUT" \
+    --run-dir "$dir" --recipe "$RECIPE") || return 1
+  case $decision in
+    skip) echo "== $name: skipped (done: $result)"; return 0 ;;
+    retrain) again=1  # trained again with the same command; the recorded result is kept
+      echo "== $name: done ($result), but its checkpoints are not here and its fine-tunes need them" ;;
+  esac
   mkdir -p "$dir"
   # two study processes must never train one run into the same directory (the lock goes with this subshell)
   local lock
@@ -243,7 +225,7 @@ PY
       local source=$CKPT_ROOT/transformer.seed$seed/checkpoint_last.pt
       [ -s "$OUT/runs/transformer.seed$seed.json" ] ||
         { echo "== $name: its transformer (seed $seed) has not finished: $OUT/runs/transformer.seed$seed.json missing" >&2; return 1; }
-      offset=$(python scripts/study_table.py updates "$OUT/runs/transformer.seed$seed.json")
+      offset=$(python scripts/study.py updates "$OUT/runs/transformer.seed$seed.json")
       origin="the run recorded in runs/transformer.seed$seed.json"
       [ ! -s "$CKPT_ROOT/transformer.seed$seed/retrain.txt" ] || origin=$(cat "$CKPT_ROOT/transformer.seed$seed/retrain.txt")
       # the paper's protocol: continue from the trained transformer at half its peak lr, then average
@@ -263,26 +245,22 @@ PY
   esac
   echo "== $name: training $arch (log: $dir/train.log)"
   # shellcheck disable=SC2086
-  fairseq-train "$DATA/bin" --user-dir fairseq_plugins --arch $arch $MODEL_ARGS --share-all-embeddings "${extra[@]}" \
-    --optimizer adam --adam-betas '(0.9,0.98)' --lr "$lr" --lr-scheduler inverse_sqrt --warmup-updates "$warmup" \
-    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --dropout 0.3 \
-    --max-tokens "$MAX_TOKENS" --max-epoch "$epochs" --seed "$seed" \
-    --cpu --num-workers 0 --save-dir "$dir" --keep-last-epochs "$avg" \
-    --log-format simple --log-interval 50 >> "$dir/train.log" 2>&1 ||
+  LR=$lr WARMUP=$warmup DROPOUT=0.3 MAX_TOKENS=$MAX_TOKENS EPOCHS=$epochs SEED=$seed KEEP_LAST=$avg LOG_INTERVAL=50 \
+    bash scripts/train_small.sh "$DATA/bin" "$dir" "$arch" $MODEL_ARGS "${extra[@]}" >> "$dir/train.log" 2>&1 ||
     { echo "== $name: training failed; last lines of $dir/train.log:" >&2; tail -5 "$dir/train.log" >&2; return 1; }
   python scripts/average_checkpoints.py --inputs "$dir" --num-epoch-checkpoints "$avg" --output "$dir/average.pt" \
     >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
   REUSE=1 SRC=$SRC TGT=$TGT BEAM=$BEAM LENPEN=$LENPEN bash scripts/generate.sh "$DATA" "$dir/average.pt" test \
     "$dir/test.json" >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
   if [ -n "$again" ]; then
-    python scripts/study_table.py retrain-note --recorded "$result" --test-json "$dir/test.json" \
+    python scripts/study.py retrain-note --recorded "$result" --test-json "$dir/test.json" \
       --out "$dir/retrain.txt" | sed "s/^/== $name: /"
     return 0
   fi
   # how much the model uses its source (a failed run can have a plausible loss and fluent, unrelated output)
   python scripts/source_dependence.py "$DATA/bin" "$dir/average.pt" --json "$OUT/source_dependence/$name.json" \
     >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
-  python scripts/study_table.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \
+  python scripts/study.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \
     --ref "$DATA/raw/test.$TGT" --train-log "$dir/train.log" --out "$result" \
     --meta "recipe=$RECIPE" "arch=$arch" "epochs=$epochs" "lr=$lr" "averaged=$avg" "update_offset=$offset" \
     "code=$CODE" "threads=$THREADS" "jobs=$JOBS" ${origin:+"source=$origin"} |

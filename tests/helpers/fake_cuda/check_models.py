@@ -1,6 +1,6 @@
 """Child process of tests/test_fake_cuda.py: every arch's training step and incremental decoding on fake cuda.
 
-    cd tests && python -m fake_cuda.check_models LIBRARY OUT.json [SCENARIO ...]
+    cd tests && python -m helpers.fake_cuda.check_models LIBRARY OUT.json [SCENARIO ...]
 
 Preloads the guard library (before torch: see ``__init__.py``), then runs each scenario in its own ``FakeCuda``
 and writes, per scenario: ``ok``, ``error`` (the exception and the innermost frame outside torch), ``findings``
@@ -12,16 +12,16 @@ import sys
 import traceback
 from pathlib import Path
 
-import fake_cuda  # noqa: E402  (no torch import)
+from helpers import fake_cuda  # noqa: E402  (no torch import)
 
 LIB = fake_cuda.preload(sys.argv[1]) if __name__ == "__main__" else None
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from fake_cuda.mode import FakeCuda, to_cuda  # noqa: E402
-from floater_helpers import batch, build  # noqa: E402
-from tiny_models import PAD  # noqa: E402
+from helpers.fake_cuda.mode import FakeCuda, to_cuda  # noqa: E402
+from helpers.floater_helpers import batch, build  # noqa: E402
+from helpers.tiny_models import PAD  # noqa: E402
 from fairseq_plugins.modules.position_schemes import SCHEMES  # noqa: E402
 
 ARCHS = tuple(s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix)  # every scheme with architectures

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""The Multi30k study's decisions and results (scripts/tooling/study.py); scripts/recipes/multi30k_study.sh calls it.
+
+  # the runs in order, one "PHASE MODEL SEED" line each (fine-tunes after everything trained from scratch)
+  scripts/study.py plan --models "transformer relative floater_warm" --seeds "1 2 3"
+  # run, skip or retrain one (model, seed); an error if its result was made with another recipe
+  scripts/study.py decide --model transformer --seed 1 --models "..." --out OUT_DIR --run-dir RUN --recipe "..."
+  # one finished run: its generate.sh JSON + hypotheses -> RUNS/MODEL.seedS.json and .hyp
+  scripts/study.py run-result --model transformer --seed 1 --test-json RUN/test.json \
+      --ref data/.../raw/test.de --train-log RUN/train.log --out RUNS/transformer.seed1.json [--meta k=v ...]
+  # every run JSON in RUNS -> table.md (+ summary.json); runs missing from MODELS x SEEDS mark it partial
+  scripts/study.py table --runs RUNS --models "transformer relative" --seeds "1 2 3" --out OUT_DIR
+  # validation loss against updates, one line per run
+  scripts/study.py plot --runs RUNS --out OUT_DIR/valid_loss.png
+  # a finished run trained again (its checkpoints were lost): one line on how it compares with the record
+  scripts/study.py retrain-note --recorded RUNS/transformer.seed1.json --test-json RUN/test.json --out F
+"""
+import argparse
+
+from tooling import study
+
+
+def decide(args):
+    print(study.decide(args.model, args.seed, args.models.split(), args.out, args.run_dir, args.recipe))
+
+
+def plan(args):
+    for phase, model, seed in study.plan(args.models.split(), args.seeds.split()):
+        print(phase, model, seed)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run-result")
+    r.add_argument("--model", required=True)
+    r.add_argument("--seed", type=int, required=True)
+    r.add_argument("--test-json", required=True, help="scripts/generate.sh output")
+    r.add_argument("--ref", required=True, help="raw reference")
+    r.add_argument("--train-log", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--meta", nargs="*", default=[], help="key=value pairs stored in the JSON")
+    t = sub.add_parser("table")
+    t.add_argument("--runs", required=True)
+    t.add_argument("--models", required=True)
+    t.add_argument("--seeds", required=True)
+    t.add_argument("--baseline", default="transformer")
+    t.add_argument("--pair", default="en-de")
+    t.add_argument("--sentences", default="1000")
+    t.add_argument("--out", required=True, help="directory for table.md and summary.json")
+    t.add_argument("--source-dependence", help="directory of scripts/source_dependence.py JSONs, MODEL.seedS.json")
+    t.add_argument("--ref", help="the test references (default: the path each run recorded)")
+    t.add_argument("--split-src", help="the test sources: adds the table on the test sentences of at most and of "
+                                       "more than --split-at source words")
+    t.add_argument("--split-at", type=int, help="the length that splits the test set, in source words (e.g. the "
+                                                "training runs' MAX_TRAIN_LEN)")
+    t.add_argument("--split-note", help="what the longer sentences are to these runs, shown in their heading "
+                                        "(e.g. 'longer than any training sentence')")
+    n = sub.add_parser("retrain-note")
+    n.add_argument("--recorded", required=True, help="the recorded run's JSON")
+    n.add_argument("--test-json", required=True, help="scripts/generate.sh output of the run trained again")
+    n.add_argument("--out", required=True)
+    u = sub.add_parser("updates")
+    u.add_argument("run_json")
+    p = sub.add_parser("plot")
+    p.add_argument("--runs", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--title", default="validation loss")
+    pl = sub.add_parser("plan")
+    pl.add_argument("--models", required=True)
+    pl.add_argument("--seeds", required=True)
+    d = sub.add_parser("decide")
+    d.add_argument("--model", required=True)
+    d.add_argument("--seed", type=int, required=True)
+    d.add_argument("--models", required=True, help="every model of the study (its fine-tunes keep a transformer)")
+    d.add_argument("--out", required=True, help="the study's result directory (its runs/)")
+    d.add_argument("--run-dir", required=True, help="the run's checkpoint directory")
+    d.add_argument("--recipe", required=True, help="the recipe string every result records")
+    args = ap.parse_args()
+    {"run-result": study.run_result, "table": study.table, "plot": study.plot, "updates": study.updates,
+     "retrain-note": study.retrain_note, "plan": plan, "decide": decide}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
