@@ -5,9 +5,10 @@
         [--positions 128] [--train-max-len SRC[,TGT]] [--compare]
 
 Takes any fairseq checkpoint of this project's models (fairseq's ``transformer`` with sinusoidal or learned
-positions, ``transformer_every_layer_pos``, ``relative_transformer``, ``floater_transformer``; any of their
-architectures) and writes PNG figures to DIR, named after the checkpoint's label (``--label``, one per checkpoint;
-default: the checkpoint's folder and file name). The model is built from the checkpoint alone: the vocabulary
+positions, ``transformer_every_layer_pos``, ``relative_transformer``, ``floater_transformer``, and
+``position_transformer``'s T5, ALiBi, RoPE, SHAPE and NoPE; any of their architectures) and writes PNG figures to
+DIR, named after the checkpoint's label (``--label``, one per checkpoint; default: the checkpoint's folder and file
+name). The model is built from the checkpoint alone: the vocabulary
 sizes come from its embedding tables, so no data directory is needed (the positions do not depend on the words).
 
 What is drawn (positions are fairseq's: position i is the (i+1)-th token of a sentence, padding does not count):
@@ -30,6 +31,13 @@ What is drawn (positions are fairseq's: position i is the (i+1)-th token of a se
   tables by clipped distance j − i = −k..k, one panel per layer and table, one line per head when the tables are
   per head; and (``LABEL_relative_similarity.png``) the cosine similarity between the vectors of two distances,
   averaged over heads. With --relative-add-absolute-positions the absolute embedding gets its figure too.
+- Schemes inside self-attention (``LABEL_t5.png``, ``LABEL_alibi.png``, ``LABEL_rope.png``): the term each adds to
+  the logit of query i and key j, by distance j − i, one line per head, one panel per stack (the decoder's: the
+  past only): T5's learned bias β_h[bucket(j − i)] and ALiBi's −m_h·|j − i| (the modules' own ``score_bias``);
+  for RoPE, which adds no term but rotates q and k, the first layer's logit between a word's query and the same
+  word's key at distance j − i, averaged over the vocabulary (its input is the word's scaled embedding alone),
+  and beside it the rotation alone, the mean over frequencies of cos((j − i)·θ_p). SHAPE (a shifted sinusoid,
+  drawn as the sinusoid it is at evaluation) and NoPE's encoder (sinusoidal) get the sinusoid's figure.
 - Sinusoidal positions (``LABEL_sinusoidal.png``): the sinusoid's position–position cosine similarity (a
   function of i − j only).
 
@@ -40,10 +48,11 @@ checkpoint does not record it (--max-source-positions is the model's limit, not 
 --compare (implied by several checkpoints) also writes ``compare.png``: one column per checkpoint, its scheme's
 headline picture on top, encoder side (FLOATER: the similarity of the biases averaged over every encoder block's
 q, k, v; the learned table's; the sinusoid's; relative positions: the similarity between the a^K vectors of two
-distances, averaged over heads and encoder layers) and below it a profile: for absolute schemes the cosine
-similarity of neighbouring positions, cos(p_i, p_{i+1}) (FLOATER's averaged over the encoder's projections, and
-FLOATER's and the learned table's beside the sinusoid's), for relative positions the norms of a^K and a^V by
-distance averaged over heads and encoder layers.
+distances, averaged over heads and encoder layers; T5, ALiBi, RoPE: the encoder's curves, one per head) and below
+it a profile: for absolute schemes the cosine similarity of neighbouring positions, cos(p_i, p_{i+1}) (FLOATER's
+averaged over the encoder's projections, and FLOATER's and the learned table's beside the sinusoid's), for
+relative positions the norms of a^K and a^V by distance averaged over heads and encoder layers, for the schemes
+inside attention the mean of their curves over heads.
 
 Bad input (a missing or unreadable checkpoint, another kind of model, a bad flag, FLOATER biases that overflow
 within --positions) stops with one line on stderr naming the file or flag, exit status 2, before anything is
@@ -127,8 +136,8 @@ def load_model(path):
     arch = getattr(args, "_name", None) or getattr(args, "arch", None)  # as fairseq.models.build_model
     if arch not in ARCH_MODEL_REGISTRY or not issubclass(ARCH_MODEL_REGISTRY[arch], TransformerModel):
         raise BadInput(f"checkpoint {path}: architecture {arch!r} is not one of this project's Transformer models "
-                       "(expected transformer*, transformer_every_layer_pos*, relative_transformer* or "
-                       "floater_transformer*)")
+                       "(expected transformer*, transformer_every_layer_pos*, relative_transformer*, "
+                       "floater_transformer* or a position scheme's *_transformer*)")
     weights = state["model"]
     try:
         src = weights["encoder.embed_tokens.weight"].size(0)
@@ -273,6 +282,75 @@ def relative_similarity(entry):
     return torch.stack([cosine_similarity(head) for head in entry["values"]]).mean(0)
 
 
+ATTENTION_SCHEMES = {"T5Bias": "t5", "ALiBi": "alibi", "RoPE": "rope"}  # position_transformer's stack modules
+
+
+def attention_schemes(model):
+    """The stacks' position schemes that work inside self-attention (position_transformer: T5's bias, ALiBi,
+    RoPE): dicts with ``part`` (encoder/decoder), ``kind`` (t5/alibi/rope), ``module``, ``causal``."""
+    out = []
+    for part in ("encoder", "decoder"):
+        module = getattr(getattr(model, part), "position_scheme", None)
+        if module is not None and type(module).__name__ in ATTENTION_SCHEMES:
+            out.append(dict(part=part, kind=ATTENTION_SCHEMES[type(module).__name__], module=module,
+                            causal=part == "decoder"))
+    return out
+
+
+def _distances(causal, num_positions):
+    """Query position i = N−1 and key positions j: j − i = −(N−1)..N−1 (the decoder: −(N−1)..0, the past)."""
+    import torch
+
+    return num_positions - 1, torch.arange(0, num_positions if causal else 2 * num_positions - 1)
+
+
+def score_bias_by_distance(entry, num_positions):
+    """(distances j − i, (H, len) bias): what the scheme adds to the logit of query i and key j (T5's learned
+    β_h[bucket(j − i)], ALiBi's −m_h·|j − i|), from the module's own ``score_bias``."""
+    import torch
+
+    query, keys = _distances(entry["causal"], num_positions)
+    bias = entry["module"].score_bias(torch.tensor([query]), keys, torch.float64)  # (H, 1, S)
+    return (keys - query).tolist(), bias[:, 0, :].detach().double()
+
+
+def rope_logits_by_distance(model, entry, num_positions, chunk=512):
+    """(distances j − i, (H, len)): the first self-attention layer's logit between a word's query at position i and
+    the same word's key at position j, averaged over the vocabulary, mean_w (R_i q_h(w))·(R_j k_h(w))·d_z^−½ (a
+    function of j − i only), with q, k the layer's projections of the word's scaled embedding, which is that
+    layer's input (RoPE adds nothing to the embeddings). Rotated by the model's own RoPE.rotate."""
+    import torch
+
+    stack = getattr(model, entry["part"])
+    layer, rope = stack.layers[0], entry["module"]
+    attn = layer.self_attn
+    query, keys = _distances(entry["causal"], num_positions)
+    shift = keys - query
+    words = stack.embed_tokens.weight.detach().float() * stack.embed_scale
+    if getattr(stack, "layernorm_embedding", None) is not None:
+        words = stack.layernorm_embedding(words)
+    if layer.normalize_before:
+        words = layer.self_attn_layer_norm(words)
+    heads, head_dim = attn.num_heads, attn.head_dim
+    total = torch.zeros(heads, shift.numel(), dtype=torch.float64)
+    for x in words.split(chunk):
+        q = (attn.q_proj(x) * attn.scaling).view(-1, heads, 1, head_dim)  # (w, H, 1, d_z), at position 0
+        k = attn.k_proj(x).view(-1, heads, 1, head_dim).expand(-1, -1, shift.numel(), -1)
+        total += (q * rope.rotate(k.contiguous(), shift)).sum(-1).double().sum(0)  # q·R_(j−i) k
+    return shift.tolist(), total / words.size(0)
+
+
+def rope_rotation_only(entry, num_positions):
+    """(distances, values): mean over RoPE's frequencies of cos((j − i)·θ_p), the logit of an isotropic q = k
+    against itself rotated, as a fraction of |q|²: what the rotation alone does with distance."""
+    import torch
+
+    _, keys = _distances(entry["causal"], num_positions)
+    shift = keys - (num_positions - 1)
+    theta = entry["module"].theta(torch.device("cpu"), torch.float64)
+    return shift.tolist(), torch.cos(shift.double()[:, None] * theta[None, :]).mean(1)
+
+
 def absolute_embeddings(model):
     """The model's absolute position embeddings: dicts with ``part`` (encoder/decoder), ``kind``
     (sinusoidal/learned), ``module``."""
@@ -293,6 +371,9 @@ def scheme(model):
         return "floater"
     if relative_tables(model):
         return "relative"
+    attention = attention_schemes(model)
+    if attention:
+        return attention[0]["kind"]
     kinds = {e["kind"] for e in absolute_embeddings(model)}
     if "learned" in kinds:
         return "learned"
@@ -515,6 +596,56 @@ def relative_figures(model, label, out):
     return paths
 
 
+ATTENTION_TITLES = {"t5": "T5 relative bias (Raffel et al.), β_h[bucket(j − i)]",
+                    "alibi": "ALiBi (Press et al.), −m_h·|j − i|",
+                    "rope": "RoPE (Su et al.), first layer's logit for one word at two positions, vocabulary mean"}
+
+
+def attention_lines(model, entry, num_positions):
+    """(distances, (H, len) values, y-axis label) of one stack's attention scheme."""
+    if entry["kind"] == "rope":
+        x, values = rope_logits_by_distance(model, entry, num_positions)
+        return x, values, "logit q·R_(j−i) k / √d_z"
+    x, values = score_bias_by_distance(entry, num_positions)
+    return x, values, "logit bias"
+
+
+def attention_figure(model, label, num_positions, train_max_len, out):
+    """One panel per stack: the scheme's effect on the logit by distance j − i, one line per head (RoPE: and a
+    panel with the rotation alone)."""
+    plt = _pyplot()
+    entries = attention_schemes(model)
+    kind = entries[0]["kind"]
+    panels = len(entries) + (kind == "rope")
+    fig, axes = plt.subplots(1, panels, figsize=(4.4 * panels, 3.2), squeeze=False)
+    for ax, entry in zip(axes[0], entries):
+        x, values, ylabel = attention_lines(model, entry, num_positions)
+        for h, row in enumerate(values):
+            ax.plot(x, row.numpy(), lw=1, label=f"head {h + 1}")
+        mark = _mark_for("source" if entry["part"] == "encoder" else "target", train_max_len)
+        if mark is not None:  # the longest training sentence: distances beyond ±(len − 1) were never seen
+            for d in (-(mark - 1), mark - 1) if not entry["causal"] else (-(mark - 1),):
+                ax.axvline(d, color="k", lw=0.8, ls="--")
+        ax.set_title(f"{entry['part']} self-attention" + (" (past only)" if entry["causal"] else ""), fontsize=8)
+        ax.set_xlabel("distance j − i (key − query)", fontsize=7)
+        ax.set_ylabel(ylabel, fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=6, ncol=2)
+    if kind == "rope":
+        ax = axes[0, -1]
+        x, values = rope_rotation_only(entries[0], num_positions)
+        ax.plot(x, values.numpy(), "k-", lw=1)
+        ax.set_title(f"rotation alone: mean_p cos((j − i)·θ_p), base {entries[0]['module'].base:g}", fontsize=8)
+        ax.set_xlabel("distance j − i", fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3)
+    note = "" if train_max_len is None else "; dashed: the largest distance within a training sentence"
+    fig.suptitle(f"{label}: {ATTENTION_TITLES[kind]}{note}", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    return [save_figure(fig, os.path.join(out, f"{label}_{kind}.png"))]
+
+
 def neighbour_similarity(vectors):
     """(N, d) -> (N−1,): cos(p_i, p_{i+1})."""
     import torch
@@ -559,6 +690,13 @@ def headline(model, num_positions):
                     title=f"{side} {first}: similarity between distances,\nmean over heads and {len(layers)} layers",
                     origin=-k, axis="distance", side=None, profile=profile,
                     px="clipped distance j − i", py=f"L2 norm ({side}: mean over heads, layers)")
+    if kind in ATTENTION_TITLES:
+        entry = attention_schemes(model)[0]  # the encoder's
+        x, values, ylabel = attention_lines(model, entry, num_positions)
+        lines = [(x, row, f"head {h + 1}", "-") for h, row in enumerate(values)]
+        return dict(kind=kind, lines=lines, title=f"{entry['part']}: {ATTENTION_TITLES[kind].split(', ', 1)[-1]}",
+                    axis="distance j − i", ylabel=ylabel, side=None,
+                    profile=[(x, values.mean(0), "mean over heads", "-")], px="distance j − i", py=ylabel)
     if kind in ("learned", "sinusoidal"):
         e = absolute_embeddings(model)[0]
         module = e["module"]
@@ -594,8 +732,18 @@ def compare_figure(models, labels, num_positions, train_max_len, out):
             bottom.axis("off")
             continue
         mark = _mark_for(h["side"], train_max_len) if h["side"] else None
-        image = _heatmap(top, h["sim"], f"{label} ({h['kind']})\n{h['title']}", mark, extent_from=h["origin"],
-                         axis_label=h["axis"])
+        if "lines" in h:  # a scheme inside attention: its logit term by distance, one line per head
+            for x, y, name, style in h["lines"]:
+                top.plot(x, y.numpy(), style, lw=1, label=name)
+            top.set_title(f"{label} ({h['kind']})\n{h['title']}", fontsize=8)
+            top.set_xlabel(h["axis"], fontsize=7)
+            top.set_ylabel(h["ylabel"], fontsize=7)
+            top.tick_params(labelsize=6)
+            top.grid(alpha=0.3)
+            top.legend(fontsize=6, ncol=2)
+        else:
+            image = _heatmap(top, h["sim"], f"{label} ({h['kind']})\n{h['title']}", mark, extent_from=h["origin"],
+                             axis_label=h["axis"])
         for x, y, name, style in h["profile"]:
             bottom.plot(x, y.numpy() if hasattr(y, "numpy") else y, style, lw=1.2, label=name)
         if mark is not None:
@@ -624,6 +772,8 @@ def figures(model, label, num_positions, train_max_len, out):
         paths += floater_figures(model, label, num_positions, train_max_len, out)
     if kind == "relative":
         paths += relative_figures(model, label, out)
+    if attention_schemes(model):
+        paths += attention_figure(model, label, num_positions, train_max_len, out)
     if kind != "floater" and absolute_embeddings(model):
         paths += absolute_figure(model, label, num_positions, train_max_len, out)
     return paths

@@ -1,6 +1,7 @@
 """scripts/plot_positions.py: tiny untrained models of each family saved as fairseq checkpoints; the tool's
 matrices against naive references, its figures, and its one-line errors."""
 import argparse
+import math
 import subprocess
 import sys
 
@@ -28,6 +29,9 @@ FAMILIES = {
                                                                       max_target_positions=24)),
     "relative": ("relative_transformer_tiny", {}),
     "relative_shared": ("relative_transformer_tiny", dict(relative_per_head=False, max_relative_positions=3)),
+    "t5": ("t5_transformer_tiny", dict(t5_num_buckets=8, t5_max_distance=16)),
+    "alibi": ("alibi_transformer_tiny", {}),
+    "rope": ("rope_transformer_tiny", {}),
 }
 
 
@@ -39,7 +43,7 @@ def make(family, seed=0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # the tables drawn at random, not left as initialised (padding rows too: only rows read)
         for name, p in model.named_parameters():
-            if "embed_positions" in name or "relative_" in name:
+            if "embed_positions" in name or "relative_" in name or "position_scheme" in name:  # T5's β: zeros
                 p.normal_(generator=g)
     return model.eval(), args
 
@@ -146,9 +150,75 @@ def test_relative_norms_are_the_norms_of_the_tables_rows(checkpoints, family, he
         torch.testing.assert_close(sim.diagonal(), torch.ones(2 * k + 1, dtype=torch.float64))
 
 
+def test_t5_and_alibi_curves_are_their_biases_by_distance(checkpoints):
+    """T5: β_h[bucket(j − i)] read from the original model's table; ALiBi: −m_h·|j − i| from the paper's slopes,
+    2^(−8h/H); the encoder sees both directions, the decoder the past only."""
+    from fairseq_plugins.modules.t5_bias import relative_bucket
+
+    models, paths = checkpoints
+    for family in ("t5", "alibi"):
+        model = pp.load_model(str(paths[family]))
+        entries = pp.attention_schemes(model)
+        assert [(e["part"], e["kind"], e["causal"]) for e in entries] == [("encoder", family, False),
+                                                                          ("decoder", family, True)]
+        assert pp.scheme(model) == family
+        for entry in entries:
+            x, values = pp.score_bias_by_distance(entry, N)
+            assert x == (list(range(-(N - 1), 1)) if entry["causal"] else list(range(-(N - 1), N)))
+            original = getattr(models[family], entry["part"]).position_scheme
+            heads = values.size(0)
+            for h in range(heads):
+                for d in (-(N - 1), -7, -1, 0, 1, 5, N - 1):
+                    if d not in x:
+                        continue
+                    if family == "t5":
+                        bucket = int(relative_bucket(torch.tensor(d), not entry["causal"], 8, 16))
+                        want = float(original.bias.weight[bucket, h].detach())
+                    else:
+                        want = -(2 ** (-8 * (h + 1) / heads)) * abs(d)
+                    assert float(values[h, x.index(d)]) == pytest.approx(want, rel=1e-6, abs=1e-7), (family, h, d)
+            if family == "t5":  # the learned table, not zeros: the curve moves
+                assert float(values.std()) > 0.1
+
+
+def rotate(x, position, base=10000.0):
+    """RoFormer's R_m x from its equation: each pair (x_2i, x_2i+1) rotated by m·θ_i, θ_i = base^(−2i/d)."""
+    out = x.clone()
+    d = x.size(-1)
+    for i in range(d // 2):
+        angle = position * base ** (-2 * i / d)
+        c, s = math.cos(angle), math.sin(angle)
+        out[..., 2 * i] = x[..., 2 * i] * c - x[..., 2 * i + 1] * s
+        out[..., 2 * i + 1] = x[..., 2 * i] * s + x[..., 2 * i + 1] * c
+    return out
+
+
+def test_rope_curve_is_the_vocabulary_mean_of_one_words_rotated_logit(checkpoints):
+    """mean_w (R_i q(w))·(R_j k(w))/√d_z for the first encoder layer, q and k projected from the word's scaled
+    embedding, at i = 3 and j = 3 + d: depends on d only and equals the tool's curve."""
+    models, paths = checkpoints
+    model = pp.load_model(str(paths["rope"]))
+    entry = pp.attention_schemes(model)[0]
+    x, values = pp.rope_logits_by_distance(model, entry, N, chunk=7)  # chunks that do not divide the vocabulary
+    original = models["rope"].encoder
+    attn = original.layers[0].self_attn
+    heads, dz = attn.num_heads, attn.head_dim
+    with torch.no_grad():
+        words = original.embed_tokens.weight.double() * original.embed_scale
+        q = torch.nn.functional.linear(words, attn.q_proj.weight.double(), attn.q_proj.bias.double())
+        k = torch.nn.functional.linear(words, attn.k_proj.weight.double(), attn.k_proj.bias.double())
+        for d in (-5, 0, 2, N - 1):
+            for h in range(heads):
+                qh, kh = q[:, h * dz:(h + 1) * dz], k[:, h * dz:(h + 1) * dz]
+                naive = (rotate(qh, 3) * rotate(kh, 3 + d)).sum(-1).mean() / math.sqrt(dz)
+                assert float(values[h, x.index(d)]) == pytest.approx(float(naive), rel=1e-4, abs=1e-5), (h, d)
+    shift, alone = pp.rope_rotation_only(entry, N)
+    assert float(alone[shift.index(0)]) == pytest.approx(1.0) and float(alone[shift.index(N - 1)]) < 0.9
+
+
 def test_one_command_writes_every_figure_as_png(checkpoints, tmp_path):
     _, paths = checkpoints
-    families = ["floater", "sinusoidal", "learned", "relative"]
+    families = ["floater", "sinusoidal", "learned", "relative", "t5", "rope"]
     out = tmp_path / "figures"
     proc = subprocess.run([sys.executable, "scripts/plot_positions.py", *(str(paths[f]) for f in families),
                            "--out", str(out), "--positions", str(N), "--train-max-len", "12,14"]
@@ -157,7 +227,7 @@ def test_one_command_writes_every_figure_as_png(checkpoints, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected = {"floater_floater.png", "floater_floater_projections.png", "floater_floater_norms.png",
                 "sinusoidal_sinusoidal.png", "learned_learned.png", "relative_relative.png",
-                "relative_relative_similarity.png", "compare.png"}
+                "relative_relative_similarity.png", "t5_t5.png", "rope_rope.png", "compare.png"}
     assert {p.name for p in out.iterdir()} == expected  # and no temporary file left behind
     assert sorted(proc.stdout.split()) == sorted(str(out / name) for name in expected)
     from PIL import Image
