@@ -22,14 +22,11 @@ Not supported (rejected when the model is built): --cross-self-attention, --chec
 part in the updates that reuse cached biases (legacy_ddp needs nothing).
 """
 
-import argparse
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
-    TransformerConfig,
     TransformerDecoderBase,
     TransformerEncoderBase,
-    TransformerModel,
     base_architecture,
     tiny_architecture,
     transformer_vaswani_wmt_en_de_big,
@@ -38,7 +35,8 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ._config import OneLineFlag, as_namespace, one_of, positive
+from ._base import PluginTransformerModel
+from ._config import OneLineFlag, one_of, positive
 from ..modules.floater import (
     DEFAULT_SETTINGS,
     SOLVER_NAMES,
@@ -124,20 +122,20 @@ def build_flow(cfg, dim):
 
 
 @register_model("floater_transformer")
-class FloaterTransformerModel(TransformerModel):
+class FloaterTransformerModel(PluginTransformerModel):
     """Transformer whose attention q/k/v biases follow a learned ODE along positions (FLOATER)."""
 
+    family = "floater_transformer"
+    not_scriptable = "its position biases come from an ODE solve bound to the attention in Python"
+
     @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
+    def add_family_args(cls, parser):
         add_floater_args(parser)
 
     @classmethod
-    def build_model(cls, args, task):
-        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
+    def prepare_args(cls, args):
         floater_defaults(args)
         check_floater_args(args)
-        return super().build_model(args, task)
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
@@ -148,21 +146,6 @@ class FloaterTransformerModel(TransformerModel):
     def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
         with self.floater_positions.forward_pass(max(src_tokens.size(1), prev_output_tokens.size(1))):
             return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return FloaterTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return FloaterTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
-
-    def __prepare_scriptable__(self):
-        # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside
-        raise RuntimeError("floater_transformer cannot be exported with torch.jit.script: its position biases come "
-                           "from an ODE solve bound to the attention in Python; use the model unscripted")
-
 
 class FloaterEncoderLayer(TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
@@ -233,6 +216,9 @@ class FloaterTransformerDecoder(TransformerDecoderBase):
         if incremental_state is not None:  # generation: one line instead of the beam search's assertion
             check_decoding_step(self, x, prev_output_tokens, encoder_out)
         return x, extra
+
+
+FloaterTransformerModel.encoder_class, FloaterTransformerModel.decoder_class = FloaterTransformerEncoder, FloaterTransformerDecoder
 
 
 # architectures

@@ -16,10 +16,8 @@ Architectures: ``<scheme>_transformer`` (fairseq's ``transformer`` dims), ``_wmt
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
-    TransformerConfig,
     TransformerDecoderBase,
     TransformerEncoderBase,
-    TransformerModel,
     base_architecture,
     tiny_architecture,
     transformer_vaswani_wmt_en_de_big,
@@ -28,7 +26,8 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ._config import OneLineFlag, as_namespace, at_least, one_of, positive
+from ._base import PluginTransformerModel
+from ._config import OneLineFlag, at_least, one_of, positive
 from .relative_transformer import _wrap_layer
 from ..modules.position_schemes import NEW_SCHEMES, SCHEMES
 
@@ -144,17 +143,18 @@ class PositionDecoder(TransformerDecoderBase):
 
 
 @register_model("position_transformer")
-class PositionTransformerModel(TransformerModel):
+class PositionTransformerModel(PluginTransformerModel):
     """Transformer whose stacks each use a position scheme from the table (position_schemes.py)."""
 
+    not_scriptable = "the position schemes are Python modules outside TorchScript"
+    encoder_class, decoder_class = PositionEncoder, PositionDecoder
+
     @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
+    def add_family_args(cls, parser):
         add_position_args(parser)
 
     @classmethod
-    def build_model(cls, args, task):
-        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
+    def prepare_args(cls, args):
         position_transformer(args)
         stack_schemes(args)
         if args.cross_self_attention:
@@ -162,23 +162,13 @@ class PositionTransformerModel(TransformerModel):
         if args.no_token_positional_embeddings:
             raise ValueError("position_transformer: choose positions with --position-scheme (nope for none), "
                              "not --no-token-positional-embeddings")
-        return super().build_model(args, task)
 
     @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        scheme = stack_schemes(args)[0]
-        return PositionEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, scheme)
+    def stack_args(cls, args, decoder):
+        return {"scheme": stack_schemes(args)[decoder]}
 
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return PositionDecoder(cfg, tgt_dict, embed_tokens, stack_schemes(args)[1],
-                               no_encoder_attn=cfg.no_cross_attention)
-
-    def __prepare_scriptable__(self):
-        # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside
-        raise RuntimeError(f"{self.args.position_scheme}_transformer cannot be exported with torch.jit.script: the "
-                           "position schemes are Python modules outside TorchScript; use the model unscripted")
+    def family_name(self):
+        return f"{self.args.position_scheme}_transformer"
 
 
 # architectures

@@ -23,10 +23,8 @@ import argparse
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
-    TransformerConfig,
     TransformerDecoderBase,
     TransformerEncoderBase,
-    TransformerModel,
     base_architecture,
     tiny_architecture,
     transformer_vaswani_wmt_en_de_big,
@@ -34,7 +32,7 @@ from fairseq.models.transformer import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ._config import as_namespace
+from ._base import PluginTransformerModel
 from ..modules.relative_attention import RelativeMultiheadAttention
 
 
@@ -97,13 +95,15 @@ class RelativeTransformerDecoder(TransformerDecoderBase):
 
 
 @register_model("relative_transformer")
-class RelativeTransformerModel(TransformerModel):
+class RelativeTransformerModel(PluginTransformerModel):
     """Transformer with relative position representations in encoder and decoder self-attention
     (Shaw, Uszkoreit & Vaswani, NAACL 2018, https://arxiv.org/abs/1803.02155)."""
 
+    family = "relative_transformer"
+    not_scriptable = "its relative attention (a custom autograd function) is not TorchScript code"
+
     @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
+    def add_family_args(cls, parser):
         # no defaults here: the architectures set them (fairseq's legacy convention)
         parser.add_argument(
             "--max-relative-positions", type=int, action=_ClippingDistance, metavar="K",
@@ -134,8 +134,7 @@ class RelativeTransformerModel(TransformerModel):
         )
 
     @classmethod
-    def build_model(cls, args, task):
-        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
+    def prepare_args(cls, args):
         relative_transformer(args)  # make sure every relative option is present
         k = args.max_relative_positions
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
@@ -146,21 +145,9 @@ class RelativeTransformerModel(TransformerModel):
             raise ValueError("--relative-add-absolute-positions contradicts --no-token-positional-embeddings")
         if not args.relative_add_absolute_positions:
             args.no_token_positional_embeddings = True  # relative positions only
-        return super().build_model(args, task)
 
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return RelativeTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
 
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return RelativeTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
-
-    def __prepare_scriptable__(self):
-        # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside
-        raise RuntimeError("relative_transformer cannot be exported with torch.jit.script: its relative attention "
-                           "(a custom autograd function) is not TorchScript code; use the model unscripted")
+RelativeTransformerModel.encoder_class, RelativeTransformerModel.decoder_class = RelativeTransformerEncoder, RelativeTransformerDecoder
 
 
 # architectures

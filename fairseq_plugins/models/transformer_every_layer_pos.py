@@ -23,10 +23,8 @@ from contextlib import contextmanager
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
-    TransformerConfig,
     TransformerDecoderBase,
     TransformerEncoderBase,
-    TransformerModel,
     base_architecture,
     tiny_architecture,
     transformer_vaswani_wmt_en_de_big,
@@ -35,45 +33,31 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules import LearnedPositionalEmbedding
 
-from ._config import as_namespace
+from ._base import PluginTransformerModel
 
 
 @register_model("transformer_every_layer_pos")
-class TransformerEveryLayerPosModel(TransformerModel):
+class TransformerEveryLayerPosModel(PluginTransformerModel):
     """Transformer whose absolute position encoding enters every block, not only the embedding."""
 
+    family = "transformer_every_layer_pos"
+    not_scriptable = "its blocks take the position signal through a Python-side binding"
+
     @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
+    def add_family_args(cls, parser):
         parser.add_argument("--learned-pos", action="store_true",
                             help="learned fixed-length position tables (fairseq's LearnedPositionalEmbedding, "
                                  "--max-source/target-positions rows; one per side, shared by the embedding and "
                                  "every block) instead of sinusoids; longer sentences are an error")
 
     @classmethod
-    def build_model(cls, args, task):
-        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
+    def prepare_args(cls, args):
         every_layer_pos_defaults(args)
         if args.learned_pos:
             args.encoder_learned_pos = args.decoder_learned_pos = True
         if getattr(args, "no_token_positional_embeddings", False):
             raise ValueError("transformer_every_layer_pos needs position encodings: "
                              "drop --no-token-positional-embeddings")
-        return super().build_model(args, task)
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return EveryLayerPosEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return EveryLayerPosDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
-
-    def __prepare_scriptable__(self):
-        # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside
-        raise RuntimeError("transformer_every_layer_pos cannot be exported with torch.jit.script: its blocks take the "
-                           "position signal through a Python-side binding; use the model unscripted")
 
 
 def _add_position_signal(layer, args):
@@ -141,6 +125,9 @@ class EveryLayerPosDecoder(TransformerDecoderBase):
         with _bind(list(self.layers)[1:], signal.transpose(0, 1)):
             return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
                                             full_context_alignment, alignment_layer, alignment_heads)
+
+
+TransformerEveryLayerPosModel.encoder_class, TransformerEveryLayerPosModel.decoder_class = EveryLayerPosEncoder, EveryLayerPosDecoder
 
 
 # architectures
