@@ -141,6 +141,16 @@ def test_any_scheme_of_the_table_runs_by_name(corpus, tmp_path):
     table = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
     assert "| rope > sinusoidal (Su et al., RoFormer" in table and "| learned > sinusoidal (Gehring" in table
 
+    # TABLES_ONLY=1: the table of more models from the finished runs, nothing trained (a model asked for
+    # without a run is listed as missing, the finished runs' rows are unchanged)
+    out = study(corpus, tmp_path, MODELS="transformer rope learned nope", SEEDS="1", TABLES_ONLY="1").stdout
+    assert ": training " not in out and not (tmp_path / "ckpt" / "nope.seed1").exists()
+    wider = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+    assert "| nope | 0/1 | – | – |" in wider and "PARTIAL: 3 of 4 runs done" in wider
+    for row in table.splitlines():
+        if row.startswith(("| transformer", "| rope", "| learned")):
+            assert row in wider
+
 
 def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpus, tmp_path):
     """Checkpoints stay on the machine that trained them. In a new session (no checkpoints, the results kept) a
@@ -230,6 +240,7 @@ def test_train_short_test_long_protocol(corpus, tmp_path):
     ({"MODELS": "floater_warm"}, "MODELS=\"floater_warm\": floater_warm starts from the transformer of the same "
                                  "seed, so MODELS must list transformer"),
     ({"AVG": "3"}, "AVG=3: expected at most EPOCHS=1 checkpoints to average"),
+    ({"TABLES_ONLY": "yes"}, "TABLES_ONLY=yes: expected 1 (or unset)"),
     ({"MULTI30K_DIR": "/nonexistent"}, "MULTI30K_DIR=/nonexistent lacks train.en "
                                        "(expected train, val, test_2016_flickr .en/.de)"),
 ])

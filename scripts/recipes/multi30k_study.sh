@@ -41,7 +41,7 @@
 # Variables: PAIR (en-de), MODELS, SEEDS (1 2 3), EPOCHS (8), WARMUP (500 updates: with 250 the transformer failed
 # on seed 3, results/multi30k_study/probe.md), LR (0.005), FT_EPOCHS (3), FT_WARMUP (50), AVG (3), FT_AVG (2),
 # VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
-# MAX_TRAIN_LEN, EDGES, ALL_LENGTHS_RUNS, MULTI30K_DIR (../shared/data/multi30k); DATA_DIR,
+# MAX_TRAIN_LEN, EDGES, ALL_LENGTHS_RUNS, TABLES_ONLY, MULTI30K_DIR (../shared/data/multi30k); DATA_DIR,
 # CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN], checkpoints/multi30k_study[_lenN],
 # results/multi30k_study[/lenN]). A finished run records the recipe; asking for another recipe is an error.
 set -euo pipefail
@@ -73,6 +73,7 @@ for v in EPOCHS WARMUP FT_EPOCHS FT_WARMUP AVG FT_AVG VOCAB MAX_TOKENS BEAM JOBS
 done
 [[ $LR =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ ]] || die "LR=$LR: expected a positive number"
 [[ $LENPEN =~ ^[0-9]*\.?[0-9]+$ ]] || die "LENPEN=$LENPEN: expected a number"
+[[ -z ${TABLES_ONLY:-} || $TABLES_ONLY == 1 ]] || die "TABLES_ONLY=$TABLES_ONLY: expected 1 (or unset)"
 [ -n "${SEEDS// /}" ] || die "SEEDS is empty: expected positive integers, e.g. \"1 2 3\""
 for s in $SEEDS; do [[ $s =~ ^[1-9][0-9]*$ ]] || die "SEEDS=\"$SEEDS\": expected positive integers, got '$s'"; done
 [ -n "${MODELS// /}" ] || die "MODELS is empty: expected some of $(python -m fairseq_plugins models) floater_warm transformer_ft"
@@ -119,9 +120,12 @@ vocab=$VOCAB max_tokens=$MAX_TOKENS beam=$BEAM lenpen=$LENPEN max_train_len=${MA
 
 # --- the runs, in the order scripts/study.py plan gives: everything trained from scratch, then (once all of
 # those have finished) what starts from a trained transformer; JOBS of them side by side
-failed=0 phase=
-plan=$(python scripts/study.py plan --models "$MODELS" --seeds "$SEEDS")
+failed=0 phase= plan=
+# TABLES_ONLY=1: no run, only the tables and plots again from the finished runs of MODELS and SEEDS (e.g. after
+# runs of a few models at a time, each of which tabulates only its own MODELS)
+[ -n "${TABLES_ONLY:-}" ] || plan=$(python scripts/study.py plan --models "$MODELS" --seeds "$SEEDS")
 while read -r next m s; do
+  [ -n "$next" ] || continue
   if [ "$next" != "$phase" ]; then
     while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=$((failed + 1)); done
     phase=$next
