@@ -421,7 +421,7 @@ def main(argv=None):
     started = time.time()
     emulation = contextlib.nullcontext()
     if args.dry_run:  # CUDA graphs' buffer semantics on CPU: the test layer's emulation (gpu_check.sh puts
-        from cuda_graph_emulation import emulated_cuda_graphs  # tests/ on PYTHONPATH for --dry-run)
+        from helpers.cuda_graph_emulation import emulated_cuda_graphs  # tests/ on PYTHONPATH for --dry-run
 
         emulation = emulated_cuda_graphs()
     report = {"dry_run": args.dry_run, "machine": machine(device), "out_dir": str(out_dir),
