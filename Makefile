@@ -1,7 +1,8 @@
 # make demo                - set up .venv, build the toy task, train the tiny models on CPU, print BLEU
 # DATA=multi30k make demo  - the same three models on Multi30k (MULTI30K_DIR=dir with the files, else download)
 # make test                - set up .venv, run the test suite
-# make test-fast           - the same without the slow tier (end-to-end training): a few minutes
+# make test-fast           - the same without the slow tier (end-to-end training, several processes, matrices off
+#                            their diagonal): under 4 minutes on 2 cores
 SHELL := /bin/bash
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)

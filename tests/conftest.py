@@ -75,15 +75,36 @@ def toy_models(toy_data, tmp_path_factory):
 
 # Test tiers: `slow` marks what trains models end to end or runs a pipeline for minutes (the toy task's trained
 # models, the study and demo scripts, several processes); `pytest -m "not slow"` is the few-minute loop and
-# `make test` runs everything. A module is slow as a whole, or a test is slow by the fixtures it asks for.
+# `make test` runs everything. A module is slow as a whole, a test by its own mark or by the fixtures it asks for,
+# and a `matrix` test (every model x every precision mode, ...) is slow off its diagonal: the fast loop still
+# sees every model and every mode, once each.
 SLOW_MODULES = {"test_pipeline", "test_learning", "test_hub", "test_multi30k_study", "test_multi30k_smoke",
                 "test_resume", "test_distributed", "test_slurm", "test_launchers", "test_precision_decode",
-                "test_gpu_check", "test_wmt_pipeline", "test_floater_reproducibility", "test_evaluate"}
+                "test_gpu_check", "test_wmt_pipeline", "test_floater_reproducibility", "test_evaluate",
+                "test_prep_interrupt"}
 SLOW_FIXTURES = {"toy_models", "toy_data"}
+
+
+PARAM = type(pytest.param(None))
+
+
+def on_the_diagonal(item):
+    """Whether a case of a parametrized product is on its diagonal: with the largest axis L, the case whose index
+    on every axis a is its index on L modulo a's size (max of the sizes cases; each value of each axis once)."""
+    index, sizes = {}, {}
+    for mark in item.iter_markers("parametrize"):
+        names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) else list(mark.args[0])
+        # one axis may hold several names: its first name's value (the very object listed) finds its index
+        firsts = [(v.values if isinstance(v, PARAM) else v if len(names) > 1 else (v,))[0] for v in mark.args[1]]
+        index[names[0]] = next(k for k, v in enumerate(firsts) if v is item.callspec.params[names[0]])
+        sizes[names[0]] = len(firsts)
+    longest = max(sizes, key=sizes.get)
+    return all(index[name] == index[longest] % size for name, size in sizes.items())
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
-        if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if (module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+                or (item.get_closest_marker("matrix") and not on_the_diagonal(item))):
             item.add_marker(pytest.mark.slow)

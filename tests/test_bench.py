@@ -4,12 +4,15 @@ import json
 import math
 import sys
 
+import pytest
+
 from conftest import run
 
 QUICK_LENGTHS = [16, 32]  # bench.py --quick
 MODELS = ["transformer", "relative", "floater", "floater_every100"]
 
 
+@pytest.mark.slow  # every model trained and decoded at two lengths
 def test_quick_benchmark_reports_every_model_and_length(tmp_path):
     out_json, out_md, notes = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "notes.md"
     notes.write_text("## Analysis\n\nWhat dominates each unmet goal.\n", encoding="utf-8")

@@ -104,8 +104,10 @@ def data(tmp_path_factory):
     return small_data(tmp_path_factory)
 
 
-@pytest.mark.parametrize("arch,optimizer", [(arch, "FP16Optimizer") for arch in TABLE_ARCHS]
-                         + [("transformer_tiny", "MemoryEfficientFP16Optimizer")])
+# one fairseq-train process per case: the fast loop trains FLOATER and the memory-efficient optimizer
+@pytest.mark.parametrize("arch,optimizer", [
+    pytest.param(arch, "FP16Optimizer", marks=() if arch == "floater_transformer_tiny" else pytest.mark.slow)
+    for arch in TABLE_ARCHS] + [("transformer_tiny", "MemoryEfficientFP16Optimizer")])
 def test_bf16_trains_on_cpu_without_a_tpu(data, tmp_path, arch, optimizer):
     flag = "--bf16" if optimizer == "FP16Optimizer" else "--memory-efficient-bf16"
     proc = run1(train_cmd(data, tmp_path, arch, flag, "--disable-validation", max_update=3))
@@ -120,6 +122,7 @@ def test_bf16_trains_on_cpu_without_a_tpu(data, tmp_path, arch, optimizer):
     assert state["optimizer_history"][-1]["num_updates"] == 3
 
 
+@pytest.mark.slow  # trains a checkpoint, then fairseq-generate three times
 @pytest.mark.parametrize("flag,dtype", [("--bf16", "bfloat16"), ("--fp16", "float16")])
 def test_generate_decodes_in_the_precision_asked_for(data, tmp_path_factory, flag, dtype):
     """fairseq-generate --bf16 decoded in float32 once --bf16 stopped meaning TPU (fairseq only knew --fp16):

@@ -254,6 +254,7 @@ def _relative_errors(got, want, names):
     return errors
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("update_freq", [1, 2, 3])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_graph_path_steps_with_the_loops_gradients(data, emulation, mode, update_freq):
@@ -294,6 +295,7 @@ def _two_ranks(data, save, log_dir, backend, graph_flags_):
     return save / "checkpoint_last.pt", captures
 
 
+@pytest.mark.slow  # two processes
 @pytest.mark.parametrize("backend", ["legacy_ddp", "pytorch_ddp"])
 def test_two_ranks_on_the_graph_path_train_as_on_the_loop(data, tmp_path, backend):
     graph_on, graph_off = graph_flags()

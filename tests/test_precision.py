@@ -42,6 +42,7 @@ def cached_update(model_name, num_updates):
     return model_name == "floater-N3" and num_updates % 3 != 0
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("model_name", list(MODELS))
 def test_each_parameter_steps_with_its_own_gradient(data, model_name, mode, monkeypatch):
