@@ -89,15 +89,15 @@ PARAM = type(pytest.param(None))
 
 
 def on_the_diagonal(item):
-    """Whether a case of a parametrized product is on its diagonal: with the largest axis L, the case whose index
-    on every axis a is its index on L modulo a's size (max of the sizes cases; each value of each axis once)."""
+    """Whether a case of a parametrized product is on its diagonal: with L the longest axis, the case whose index
+    on every axis is its index on L modulo that axis's size (len(L) cases: each value of each axis at least once)."""
     index, sizes = {}, {}
     for mark in item.iter_markers("parametrize"):
         names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) else list(mark.args[0])
-        # one axis may hold several names: its first name's value (the very object listed) finds its index
-        firsts = [(v.values if isinstance(v, PARAM) else v if len(names) > 1 else (v,))[0] for v in mark.args[1]]
-        index[names[0]] = next(k for k, v in enumerate(firsts) if v is item.callspec.params[names[0]])
-        sizes[names[0]] = len(firsts)
+        # an axis of several names is indexed by its first name's value, found by identity (values may repeat)
+        values = [v.values[0] if isinstance(v, PARAM) else v[0] if len(names) > 1 else v for v in mark.args[1]]
+        index[names[0]] = next(k for k, v in enumerate(values) if v is item.callspec.params[names[0]])
+        sizes[names[0]] = len(values)
     longest = max(sizes, key=sizes.get)
     return all(index[name] == index[longest] % size for name, size in sizes.items())
 
