@@ -158,6 +158,10 @@ def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpu
     the recorded result, and the fine-tune records how the retrained transformer compares with it."""
     study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1")
     runs = tmp_path / "results" / "runs"
+    # the record as another machine made it: same command, other BLEU (floating point differs between CPUs)
+    record = json.loads((runs / "transformer.seed1.json").read_text())
+    record["bleu"], record["bleu_tok_lc"] = record["bleu"] + 7.0, record["bleu_tok_lc"] + 7.0
+    (runs / "transformer.seed1.json").write_text(json.dumps(record))
     recorded = (runs / "transformer.seed1.json").read_text()
     shutil.rmtree(tmp_path / "ckpt")  # the new machine
 
@@ -169,7 +173,18 @@ def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpu
     note = (ckpt / "retrain.txt").read_text(encoding="utf-8").strip()
     assert note.startswith(f"trained again: {n_test} of {n_test} test hypotheses identical"), note
     assert (runs / "transformer.seed1.json").read_text() == recorded, "the recorded result stays"
-    assert json.loads((runs / "transformer_ft.seed1.json").read_text())["source"] == note
+    ft = json.loads((runs / "transformer_ft.seed1.json").read_text())
+    assert ft["source"] == note
+    # the fine-tune is compared with the run it continued, not with the record
+    again = json.loads((runs / "transformer.seed1.retrained.json").read_text())
+    assert again["bleu_tok_lc"] == pytest.approx(record["bleu_tok_lc"] - 7.0)
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    vs = summary["models"]["transformer_ft"]["vs_transformer"]
+    assert vs["delta"]["bleu_tok_lc"] == pytest.approx(ft["bleu_tok_lc"] - again["bleu_tok_lc"])
+    assert vs["retrained_seeds"] == [1]
+    assert summary["models"]["transformer"]["bleu_tok_lc"] == [record["bleu_tok_lc"]], "the record's own row stays"
+    assert "| transformer seed 1, trained again (the run its fine-tunes continued) |" in (
+        tmp_path / "results" / "table.md").read_text()
 
     # a rerun trains neither again
     again = study(corpus, tmp_path, MODELS="transformer transformer_ft", SEEDS="1", JOBS="1").stdout

@@ -26,7 +26,8 @@
 # Every (model, seed) is its own resumable run: fairseq resumes from checkpoint_last.pt, and a run whose result
 # JSON exists is skipped, so the study can span several sessions. Checkpoints are not kept with the results: a
 # finished transformer whose checkpoints are gone is trained again (same command) when a fine-tune of its seed
-# is still to run; its recorded result stays, and the fine-tune records how the retrained run compares with it.
+# is still to run; its recorded result stays, the fine-tune records how the retrained run compares with it, and
+# the retrained run's result (runs/transformer.seedS.retrained.json) is what the fine-tunes are compared with.
 # Each run has THREADS (default 1) threads; JOBS (default 1) runs go side by side. Warm starts and their
 # control run after all other runs.
 #
@@ -257,6 +258,11 @@ run_one() {
   REUSE=1 SRC=$SRC TGT=$TGT BEAM=$BEAM LENPEN=$LENPEN bash scripts/generate.sh "$DATA" "$dir/average.pt" test \
     "$dir/test.json" >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
   if [ -n "$again" ]; then
+    # the fine-tunes are compared with the run they continue: on another machine it can differ from the record
+    python scripts/study.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \
+      --ref "$DATA/raw/test.$TGT" --train-log "$dir/train.log" --out "$OUT/runs/$name.retrained.json" \
+      --meta "recipe=$RECIPE" "arch=$arch" "epochs=$epochs" "lr=$lr" "averaged=$avg" "update_offset=$offset" \
+      "code=$CODE" "threads=$THREADS" "jobs=$JOBS" > /dev/null
     python scripts/study.py retrain-note --recorded "$result" --test-json "$dir/test.json" \
       --out "$dir/retrain.txt" | sed "s/^/== $name: /"
     return 0

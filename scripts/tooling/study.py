@@ -29,6 +29,10 @@ from tooling.paths import locate, portable
 
 ALPHA = 0.05
 RUN_FILE = re.compile(r"\w+\.seed\d+\.json")  # one run's result: MODEL.seedS.json
+# a finished transformer trained again for its seed's fine-tunes (its checkpoints were on another machine):
+# MODEL.seedS.retrained.json, the run the fine-tunes continued, which can differ from the recorded one
+RETRAINED_FILE = re.compile(r"(\w+)\.seed(\d+)\.retrained\.json")
+RETRAINED = "{} trained again"  # its key in load_runs: (RETRAINED.format(model), seed)
 SAMPLES = 1000
 # The papers' claims, as (claim, model, reference model): "model > reference" is what the paper reports; every
 # other scheme of the table gets its own row against the Transformer (claims()).
@@ -132,12 +136,15 @@ def retrain_note(args):
     print(note)
 
 
-def load_runs(runs_dir):
+def load_runs(runs_dir, retrained=False):
+    """{(model, seed): run} from MODEL.seedS.json; with retrained, also {(RETRAINED.format(model), seed): run}
+    from MODEL.seedS.retrained.json."""
     runs = {}
     if not os.path.isdir(runs_dir):
         return runs
     for name in sorted(os.listdir(runs_dir)):
-        if not RUN_FILE.fullmatch(name):  # e.g. MODEL.seedS.length.json (BLEU by length) sits beside
+        again = RETRAINED_FILE.fullmatch(name)
+        if not (RUN_FILE.fullmatch(name) or (retrained and again)):  # e.g. MODEL.seedS.length.json sits beside
             continue
         path = os.path.join(runs_dir, name)
         try:
@@ -146,8 +153,16 @@ def load_runs(runs_dir):
             run["_hyps"] = read_lines(os.path.join(runs_dir, run["hypotheses"]))
         except (ValueError, KeyError) as err:
             fail(f"{path}: not a run result ({err})")
-        runs[(run["model"], int(run["seed"]))] = run
+        model = RETRAINED.format(again.group(1)) if again else run["model"]
+        runs[(model, int(run["seed"]))] = run
     return runs
+
+
+def reference_run(runs, model, ref_model, seed):
+    """The key of the run that model's seed is compared with: a fine-tune is compared with the transformer it
+    continued, the retrained one where the recorded run's checkpoints were not on the machine."""
+    again = (RETRAINED.format(ref_model), seed)
+    return again if model in FINE_TUNES and ref_model == "transformer" and again in runs else (ref_model, seed)
 
 
 def paired_p(refs, base_hyps, sys_hyps):
@@ -168,14 +183,14 @@ def compare(runs, model, ref_model, seeds):
     common = [s for s in seeds if (model, s) in runs and (ref_model, s) in runs]
     if not common:
         return None
-    first = runs[(ref_model, common[0])]
-    refs = first.get("_refs") or read_lines(locate(first["reference"]))
-    per_seed = {s: paired_p(refs, runs[(ref_model, s)]["_hyps"], runs[(model, s)]["_hyps"]) for s in common}
-    pooled = paired_p(refs * len(common), sum((runs[(ref_model, s)]["_hyps"] for s in common), []),
+    base = {s: runs[reference_run(runs, model, ref_model, s)] for s in common}
+    refs = base[common[0]].get("_refs") or read_lines(locate(base[common[0]]["reference"]))
+    per_seed = {s: paired_p(refs, base[s]["_hyps"], runs[(model, s)]["_hyps"]) for s in common}
+    pooled = paired_p(refs * len(common), sum((base[s]["_hyps"] for s in common), []),
                       sum((runs[(model, s)]["_hyps"] for s in common), []))
-    delta = {k: statistics.mean(runs[(model, s)][k] - runs[(ref_model, s)][k] for s in common)
-             for k in ("bleu", "bleu_tok_lc")}
-    return {"seeds": common, "per_seed_p": per_seed, "pooled_p": pooled, "delta": delta}
+    delta = {k: statistics.mean(runs[(model, s)][k] - base[s][k] for s in common) for k in ("bleu", "bleu_tok_lc")}
+    again = [s for s in common if reference_run(runs, model, ref_model, s) != (ref_model, s)]
+    return {"seeds": common, "per_seed_p": per_seed, "pooled_p": pooled, "delta": delta, "retrained_seeds": again}
 
 
 def restrict(runs, split_src, split_at, longer):
@@ -226,21 +241,24 @@ def per_run_lines(runs, models, seeds, dep_dir, summary):
              "deranged sources minus with the true ones, nats per token; – where not measured):", "",
              "| run | BLEU tok-lc | sacreBLEU | valid loss | training min | source dependence |", "|---|---|---|---|---|---|"]
     summary["runs"] = {}
-    for m in models:
+    for model in models:
         for s in seeds:
-            if (m, s) not in runs:
-                continue
-            run, gap = runs[(m, s)], None
-            dep_file = os.path.join(dep_dir, f"{m}.seed{s}.json") if dep_dir else None
-            if dep_file and os.path.isfile(dep_file):
-                with open(dep_file, encoding="utf-8") as f:
-                    gap = json.load(f)["gap"]
-            curve = run.get("valid_loss") or []
-            loss = curve[-1][1] if curve else None
-            summary["runs"][f"{m}.seed{s}"] = {"valid_loss": loss, "source_dependence": gap}
-            lines.append(f"| {m} seed {s} | {run['bleu_tok_lc']:.2f} | {run['bleu']:.2f} | "
-                         f"{'–' if loss is None else f'{loss:.3f}'} | {run['train_seconds'] / 60:.0f} | "
-                         f"{'–' if gap is None else f'{gap:.2f}'} |")
+            for m, name, label in ((model, f"{model}.seed{s}", f"{model} seed {s}"),
+                                   (RETRAINED.format(model), f"{model}.seed{s}.retrained",
+                                    f"{model} seed {s}, trained again (the run its fine-tunes continued)")):
+                if (m, s) not in runs:
+                    continue
+                run, gap = runs[(m, s)], None
+                dep_file = os.path.join(dep_dir, f"{name}.json") if dep_dir else None
+                if dep_file and os.path.isfile(dep_file):
+                    with open(dep_file, encoding="utf-8") as f:
+                        gap = json.load(f)["gap"]
+                curve = run.get("valid_loss") or []
+                loss = curve[-1][1] if curve else None
+                summary["runs"][name] = {"valid_loss": loss, "source_dependence": gap}
+                lines.append(f"| {label} | {run['bleu_tok_lc']:.2f} | {run['bleu']:.2f} | "
+                             f"{'–' if loss is None else f'{loss:.3f}'} | {run['train_seconds'] / 60:.0f} | "
+                             f"{'–' if gap is None else f'{gap:.2f}'} |")
     return lines
 
 
@@ -301,7 +319,7 @@ def table(args):
     if (args.split_src is None) != (args.split_at is None):
         fail("--split-src and --split-at go together (the test sources, and a length in source words)")
     models, seeds = args.models.split(), [int(s) for s in args.seeds.split()]
-    runs = load_runs(args.runs)
+    runs = load_runs(args.runs, retrained=True)
     if args.ref:  # instead of the path each run recorded (which may be another machine's data directory)
         refs = read_lines(args.ref)
         for (m, s), run in runs.items():
@@ -319,6 +337,12 @@ def table(args):
     lines += [f"Multi30k {args.pair} test_2016_flickr ({args.sentences} sentences); mean ± std over seeds. "
               f"tok-lc: {METHOD_LOWERCASE}; sacreBLEU: {', '.join(f'`{x}`' for x in signatures)}. p: sacrebleu paired bootstrap "
               f"({SAMPLES} resamples) against {baseline}, pooled over the common seeds (per seed in brackets).", ""]
+    again = sorted(s for m, s in runs if m == RETRAINED.format(baseline) and s in seeds)
+    if again and any(m in FINE_TUNES for m in models):
+        lines += [f"The fine-tunes ({', '.join(FINE_TUNES)}) are compared with the {baseline} they continued: for "
+                        f"seed{'s' if len(again) > 1 else ''} {', '.join(map(str, again))} that is the {baseline} "
+                        "trained again (its checkpoints were not kept), which differs from the recorded run where the "
+                        "machine differs (its row below); the recorded run stays in the other comparisons.", ""]
     summary = {"models": {}, "claims": [], "expected_runs": len(expected), "done_runs": len(done),
                "samples": SAMPLES, "alpha": ALPHA}
     lines += model_rows(runs, models, seeds, baseline, summary["models"])
