@@ -695,7 +695,8 @@ def headline(model, num_positions):
         entry = attention_schemes(model)[0]  # the encoder's
         x, values, ylabel = attention_lines(model, entry, num_positions)
         lines = [(x, row, f"head {h + 1}", "-") for h, row in enumerate(values)]
-        return dict(kind=kind, lines=lines, title=textwrap.fill(f"{entry['part']}: {ATTENTION_TITLES[kind].split(', ', 1)[-1]}", 44),
+        title = textwrap.fill(f"{entry['part']}: {ATTENTION_TITLES[kind].split(', ', 1)[-1]}", 44)
+        return dict(kind=kind, lines=lines, title=title,
                     axis="distance j − i", ylabel=ylabel, side=None,
                     profile=[(x, values.mean(0), "mean over heads", "-")], px="distance j − i", py=ylabel)
     if kind in ("learned", "sinusoidal"):

@@ -257,24 +257,25 @@ run_one() {
     >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
   REUSE=1 SRC=$SRC TGT=$TGT BEAM=$BEAM LENPEN=$LENPEN bash scripts/generate.sh "$DATA" "$dir/average.pt" test \
     "$dir/test.json" >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
+  local record=$result
   if [ -n "$again" ]; then
     # the fine-tunes are compared with the run they continue: on another machine it can differ from the record
-    python scripts/study.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \
-      --ref "$DATA/raw/test.$TGT" --train-log "$dir/train.log" --out "$OUT/runs/$name.retrained.json" \
-      --meta "recipe=$RECIPE" "arch=$arch" "epochs=$epochs" "lr=$lr" "averaged=$avg" "update_offset=$offset" \
-      "code=$CODE" "threads=$THREADS" "jobs=$JOBS" > /dev/null
+    record=$OUT/runs/$name.retrained.json
+  else
+    # how much the model uses its source (a failed run can have a plausible loss and fluent, unrelated output)
+    python scripts/source_dependence.py "$DATA/bin" "$dir/average.pt" --json "$OUT/source_dependence/$name.json" \
+      >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
+  fi
+  python scripts/study.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \
+    --ref "$DATA/raw/test.$TGT" --train-log "$dir/train.log" --out "$record" \
+    --meta "recipe=$RECIPE" "arch=$arch" "epochs=$epochs" "lr=$lr" "averaged=$avg" "update_offset=$offset" \
+    "code=$CODE" "threads=$THREADS" "jobs=$JOBS" ${origin:+"source=$origin"} |
+    sed "s/^/== /"
+  if [ -n "$again" ]; then
     python scripts/study.py retrain-note --recorded "$result" --test-json "$dir/test.json" \
       --out "$dir/retrain.txt" | sed "s/^/== $name: /"
     return 0
   fi
-  # how much the model uses its source (a failed run can have a plausible loss and fluent, unrelated output)
-  python scripts/source_dependence.py "$DATA/bin" "$dir/average.pt" --json "$OUT/source_dependence/$name.json" \
-    >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
-  python scripts/study.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \
-    --ref "$DATA/raw/test.$TGT" --train-log "$dir/train.log" --out "$result" \
-    --meta "recipe=$RECIPE" "arch=$arch" "epochs=$epochs" "lr=$lr" "averaged=$avg" "update_offset=$offset" \
-    "code=$CODE" "threads=$THREADS" "jobs=$JOBS" ${origin:+"source=$origin"} |
-    sed "s/^/== /"
   tabulate > /dev/null
 }
 

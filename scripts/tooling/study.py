@@ -162,7 +162,7 @@ def reference_run(runs, model, ref_model, seed):
     """The key of the run that model's seed is compared with: a fine-tune is compared with the transformer it
     continued, the retrained one where the recorded run's checkpoints were not on the machine."""
     again = (RETRAINED.format(ref_model), seed)
-    return again if model in FINE_TUNES and ref_model == "transformer" and again in runs else (ref_model, seed)
+    return again if model in FINE_TUNES and again in runs else (ref_model, seed)
 
 
 def paired_p(refs, base_hyps, sys_hyps):
@@ -340,9 +340,9 @@ def table(args):
     again = sorted(s for m, s in runs if m == RETRAINED.format(baseline) and s in seeds)
     if again and any(m in FINE_TUNES for m in models):
         lines += [f"The fine-tunes ({', '.join(FINE_TUNES)}) are compared with the {baseline} they continued: for "
-                        f"seed{'s' if len(again) > 1 else ''} {', '.join(map(str, again))} that is the {baseline} "
-                        "trained again (its checkpoints were not kept), which differs from the recorded run where the "
-                        "machine differs (its row below); the recorded run stays in the other comparisons.", ""]
+                  f"seed{'s' if len(again) > 1 else ''} {', '.join(map(str, again))} that is the {baseline} trained "
+                  "again (its checkpoints were not kept), which differs from the recorded run where the machine "
+                  "differs (its row below); the recorded run stays in the other comparisons.", ""]
     summary = {"models": {}, "claims": [], "expected_runs": len(expected), "done_runs": len(done),
                "samples": SAMPLES, "alpha": ALPHA}
     lines += model_rows(runs, models, seeds, baseline, summary["models"])
