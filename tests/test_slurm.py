@@ -7,7 +7,8 @@ One job, three runs:
    `scancel --signal=USR1 --batch` does what Slurm does before a time limit or a preemption: the script's trap
    stops training and requeues the job (scontrol requeue from inside);
 2. the requeued run resumes from checkpoint_last.pt (between 2 and 12 updates) and finishes at 12 updates;
-3. `scontrol requeue` of the completed job runs it again, and it resumes from the 12-update checkpoint.
+3. `scontrol requeue` of the completed job (once its credential has expired, as any later requeue on a real
+   cluster) runs it again, and it resumes from the 12-update checkpoint.
 """
 import re
 
@@ -56,13 +57,14 @@ def test_sbatch_preempt_requeue_resume(cluster, toy_data, tmp_path):
 
     # run 1: two ranks train; the preemption signal makes the job stop and requeue itself
     cluster.wait(job, lambda i: (save / "checkpoint_1_2.pt").exists() or i.get("JobState") not in ("PENDING", "RUNNING"),
-                 timeout=120, poll=0.2, release_after=None)
+                 timeout=120, poll=0.2, release_after=None, output=out)
     assert (save / "checkpoint_1_2.pt").exists(), f"no checkpoint after 2 updates; job log:\n{log()[-3000:]}"
     assert "initialized host" in log() and "as rank 1" in log(), "the second task did not join"
     cluster.client("scancel", "--signal=USR1", "--batch", job)
 
     # run 2: requeued by the job itself, resumes and finishes
-    info = cluster.wait(job, lambda i: i.get("Restarts") == "1" and i.get("JobState") == "COMPLETED", timeout=150)
+    info = cluster.wait(job, lambda i: i.get("Restarts") == "1" and i.get("JobState") == "COMPLETED", timeout=150,
+                        output=out)
     text = log()
     assert "USR1 at" in text and "then requeueing job" in text
     assert "restart 1:" in text, text[-2000:]
@@ -74,8 +76,9 @@ def test_sbatch_preempt_requeue_resume(cluster, toy_data, tmp_path):
     assert info["ExitCode"].startswith("0:")
 
     # run 3: scontrol requeue of the finished job; it resumes from the final checkpoint
+    cluster.let_credential_expire(job)
     cluster.client("scontrol", "requeue", job)
-    cluster.wait(job, lambda i: i.get("Restarts") == "2" and i.get("JobState") == "COMPLETED", timeout=120)
+    cluster.wait(job, lambda i: i.get("Restarts") == "2" and i.get("JobState") == "COMPLETED", timeout=120, output=out)
     assert "restart 2:" in log()
     train_log = (save / "train.log").read_text()
     assert re.search(rf"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d+ @ {MAX_UPDATE} updates\)", train_log)

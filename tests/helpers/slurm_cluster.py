@@ -19,6 +19,7 @@ from helpers.small_task import free_port
 PACKAGES = ("slurmctld", "slurmd", "slurm-client")
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
+CRED_EXPIRE = 5  # seconds a finished run's job credential stays revoked on the node (AuthInfo=cred_expire)
 
 
 class SlurmUnavailable(Exception):
@@ -76,7 +77,7 @@ SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 AuthType=auth/none
 CredType=cred/none
-AuthInfo=cred_expire=5
+AuthInfo=cred_expire={CRED_EXPIRE}
 ProctrackType=proctrack/pgid
 TaskPlugin=task/none
 MpiDefault=none
@@ -142,11 +143,12 @@ PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         out = self.client("scontrol", "show", "job", "-o", job_id, check=False).stdout
         return dict(re.findall(r"(\w+)=(\S*)", out))
 
-    def wait(self, job_id, done, timeout, poll=1.0, release_after=15):
+    def wait(self, job_id, done, timeout, poll=1.0, release_after=15, output=None):
         """Polls until done(job info) is true; returns the job info, raises on timeout. A requeued job waits
-        for its begin time, cred_expire + 1 s here (6 s); one still pending after `release_after` seconds is
+        for its begin time, CRED_EXPIRE + 1 s; one still pending after `release_after` seconds is
         made eligible (scontrol update StartTime=now). Not sooner: started before its previous run's
-        credential has expired, a requeued batch job is killed ("Job credential revoked")."""
+        credential has expired, a requeued batch job is killed ("Job credential revoked"). The timeout's
+        message ends with the job's output file (`output`) and the daemons' last errors."""
         deadline = time.time() + timeout
         info, pending_since = {}, None
         while time.time() < deadline:
@@ -162,7 +164,33 @@ PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP
                 pending_since = None
             time.sleep(poll)
         raise TimeoutError(f"job {job_id} after {timeout} s: {info.get('JobState')} "
-                           f"(reason {info.get('Reason')}, restarts {info.get('Restarts')})")
+                           f"(reason {info.get('Reason')}, restarts {info.get('Restarts')})\n"
+                           + self.diagnostics(output))
+
+    def diagnostics(self, output=None, lines=40):
+        """The tail of a job's output file and the errors the daemons logged, for a failure message."""
+        parts = []
+        if output is not None:
+            text = Path(output).read_text(errors="replace").splitlines() if Path(output).exists() else ["(none)"]
+            parts.append(f"--- job output {output} (last {lines} lines):\n" + "\n".join(text[-lines:]))
+        for name in DAEMONS:
+            log = self.root / f"{name}.log"
+            errors = [line for line in log.read_text(errors="replace").splitlines()
+                      if "error" in line.lower() and "pmix" not in line.lower()] if log.exists() else []
+            parts.append(f"--- {name}.log errors (last 10):\n" + "\n".join(errors[-10:]))
+        return "\n".join(parts)
+
+    def let_credential_expire(self, job_id):
+        """Returns once a finished job's last run ended more than CRED_EXPIRE + 1 s ago. `scontrol requeue`
+        sooner can start the next run while the node still holds the last run's revoked credential: its
+        srun steps are then refused ("Job credential revoked") and the run fails. On a real cluster a
+        requeue comes minutes later; a test requeues within a second."""
+        end = self.job(job_id).get("EndTime", "")
+        try:
+            ended = time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:  # Unknown / None: wait the whole window
+            ended = time.time()
+        time.sleep(max(0.0, ended + CRED_EXPIRE + 2 - time.time()))  # + 2: EndTime has whole seconds
 
     def stop(self, timeout=30):
         """Cancels every job, waits for an empty queue, then stops the daemons by PID."""
