@@ -88,3 +88,31 @@ def test_fused_attention_equals_fairseqs_own_path(kind, monkeypatch):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_position_bias_gradient_does_not_depend_on_threads():
+    """Δb's gradient sums the tokens of each position in one order whatever the intra-op threads: with
+    delta[rows] the backward (index_put, accumulate) added them in a thread-scheduled order, so two runs of the
+    same training on a 2-thread CPU drifted apart (1e-4 in the weights after 3 toy epochs)."""
+    gen = torch.Generator().manual_seed(0)
+    proj = floater.PositionBiasedLinear(64, 64)
+    x = torch.randn(40, 48, 64, generator=gen)  # (T, B, in): 40 * 48 * 64 elements, past torch's parallel grain
+    delta0 = torch.randn(40, 64, generator=gen)
+    rows = torch.randint(0, 40, (40, 48), generator=gen)  # every position shared by many tokens
+    grad_out = torch.randn(40, 48, 64, generator=gen)
+
+    def delta_grad(threads):
+        torch.set_num_threads(threads)
+        delta = delta0.clone().requires_grad_()
+        proj.position_binding = (delta, rows)
+        try:
+            proj(x).backward(grad_out)
+        finally:
+            proj.position_binding = None
+            torch.set_num_threads(1)
+        return delta.grad
+
+    serial = delta_grad(1)
+    torch.testing.assert_close(serial, torch.zeros_like(serial).index_put_((rows,), grad_out, accumulate=True))
+    for _ in range(3):
+        assert torch.equal(delta_grad(2), serial)

@@ -55,7 +55,10 @@ class PositionBiasedLinear(nn.Linear):
             # Beam search: encoder-decoder attention projects one copy of the encoder states per
             # sentence (MultiheadAttention.beam_size), the first of each group of hypotheses.
             rows = rows.view(rows.size(0), y.size(1), -1)[:, :, 0]
-        return y + delta[rows].to(y.dtype)  # (T, B, out) + (T, B|1, out); Δb is in the solve's dtype
+        # (T, B, out) + (T, B|1, out); Δb is in the solve's dtype. F.embedding, not delta[rows]: the indexing's
+        # backward (index_put with accumulate) adds rows in a thread-dependent order on a multi-threaded CPU, so
+        # training was not reproducible run to run; embedding's backward sums each row in token order.
+        return y + F.embedding(rows, delta).to(y.dtype)
 
 
 class PositionBiasedMultiheadAttention(MultiheadAttention):
