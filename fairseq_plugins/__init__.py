@@ -1,5 +1,6 @@
 """fairseq user-dir package: position encodings for Transformer MT (`--user-dir fairseq_plugins`)."""
 
+import atexit
 import re
 import sys
 
@@ -35,3 +36,18 @@ def _one_line_errors(default_hook):
 
 if not hasattr(sys.excepthook, "default_hook"):  # once, whatever the number of imports
     sys.excepthook = _one_line_errors(sys.excepthook)
+
+
+def _destroy_gloo_process_group():
+    """fairseq returns from training without destroying its process group. A gloo group's worker threads can
+    still hold finished work (tensors) when the interpreter shuts down; releasing it then takes the GIL, which
+    a finalizing interpreter no longer grants, and a run that finished aborts ("terminate called without an
+    active exception", exit status -6). Destroyed at exit, while Python is still whole, the group goes quietly.
+    Gloo only: NCCL's teardown is left to torch, as fairseq leaves it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+        dist.destroy_process_group()
+
+
+atexit.register(_destroy_gloo_process_group)

@@ -18,6 +18,7 @@ the rounding hides). All processes run with one intra-op thread (small_task.ONE_
 pytorch_ddp runs without --find-unused-parameters because the fairseq patch removes the BetterTransformer
 parameter copies that fairseq 0.12.2's encoder layers hold and never use (unpatched, it fails at update 2).
 """
+import subprocess
 import sys
 
 import pytest
@@ -98,3 +99,19 @@ def test_pytorch_ddp_without_find_unused_parameters_is_refused_in_one_line(data,
             "ValueError: --ddp-backend pytorch_ddp needs --find-unused-parameters for this model: some of its "
             "parameters sit out some updates (may_skip_update)"), log[-2000:]
         assert "num_updates=" not in log
+
+
+def test_a_gloo_process_group_is_destroyed_at_exit(tmp_path):
+    """A rank that finished must not abort in interpreter shutdown (a CI run's rank 1 exited with -6,
+    "terminate called without an active exception", after training): importing the plugins makes the process
+    destroy its gloo group at exit, before the interpreter is torn down. atexit runs handlers last-in first-out,
+    so the check registered before the import runs after the plugins' handler."""
+    script = f"""
+import atexit, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+atexit.register(lambda: print("group alive at exit:", dist.is_initialized()))
+import fairseq_plugins
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "group alive at exit: False" in proc.stdout, proc.stdout + proc.stderr[-2000:]

@@ -90,9 +90,11 @@ def assert_same_model(a, b, rtol=0.0):
 
 def start(cmd, log_path):
     """Start a command (one thread) in its own process group, so that it and its children can be killed
-    together; stdout and stderr into log_path."""
+    together; stdout and stderr into log_path. A process that dies of a signal (an abort in C++ code) writes
+    every thread's Python stack to the log first (PYTHONFAULTHANDLER)."""
     with open(log_path, "w") as log:  # unbuffered: the log shows what the process did up to the kill
-        return subprocess.Popen(cmd, cwd=REPO, env={**env(), **ONE_THREAD, "PYTHONUNBUFFERED": "1"}, stdout=log,
+        extra = {**ONE_THREAD, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+        return subprocess.Popen(cmd, cwd=REPO, env={**env(), **extra}, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, text=True)
 
 
