@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import sacrebleu
 
-from conftest import run
+from conftest import REPO, run
 
 from tooling.bleu import tokenized_bleu
 
@@ -306,3 +306,18 @@ def test_tokenized_bleu_cli_lowercase(tmp_path):
     out = run([sys.executable, "scripts/tokenized_bleu.py", "--lowercase", "--no-compound-split",
                str(tmp_path / "hyp"), str(tmp_path / "ref")]).stdout
     assert out == "100.00\n"
+
+
+def test_committed_study_tables_cover_every_committed_run():
+    """Each committed study table is made from all of its committed runs: a table rewritten from a subset of them
+    (a run of some models alone tabulates only those) must not be what the README's numbers point to."""
+    summaries = sorted(p for p in (REPO / "results" / "multi30k_study").rglob("summary.json")
+                       if (p.parent / "runs").is_dir())
+    assert summaries, "no committed study?"
+    for summary in summaries:
+        runs = sorted(p.name[:-len(".json")] for p in (summary.parent / "runs").glob("*.seed*.json")
+                      if re.fullmatch(r"[\w]+\.seed\d+\.json", p.name))
+        models = json.loads(summary.read_text())["models"]
+        tabulated = {f"{m}.seed{s}" for m, row in models.items() for s in row["seeds"]}
+        missing = [r for r in runs if r not in tabulated]
+        assert not missing, f"{summary.relative_to(REPO)} leaves out {missing}: remake it with TABLES_ONLY=1"
