@@ -2,13 +2,17 @@
 # One-shot, idempotent environment set-up: .venv/ with torch, patched fairseq 0.12.2 and the pinned
 # requirements. A rerun whose inputs (this script, requirements.txt, the patch) are unchanged exits at once.
 #
-#   PYTHON=python3.11   interpreter for the venv (must be 3.11)
+#   PYTHON=python3.11   interpreter for the venv (Python 3.10 to 3.13; default python3.11, else python3)
 #   VENV=.venv          where the venv goes
 #   FAIRSEQ_SDIST=path  use a local copy of fairseq-0.12.2.tar.gz instead of downloading it
+#   BUNDLE=dir          offline: install from a folder made by `make gpu-bundle` (scripts/make_gpu_bundle.sh), with
+#                       no package index; PYTHON must bring torch and the rest of requirements.txt (a GPU image)
 #
 # torch: if PYTHON already has torch (a cluster's CUDA build), the venv is created with
 # --system-site-packages and that torch is used as is, never replaced: one older than TORCH_FLOOR in
 # fairseq_plugins/__init__.py stops the set-up before anything is written. Without torch, torch==2.13.0 is installed.
+# PYTHON may itself be a venv's (as on GPU images): the new venv then also sees that venv's packages (a .pth file),
+# which --system-site-packages alone would not. CUDA_HOME is ignored: fairseq's CUDA extensions are not built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -21,14 +25,23 @@ SDIST_SHA256=34f1b18426bf3844714534162f065ab733e049597476daa35fffb4d06a92b524
 PATCH=$ROOT/third_party/fairseq-0.12.2.patch
 case $VENV in /*) PY=$VENV/bin/python ;; *) PY=$ROOT/$VENV/bin/python ;; esac
 
-stamp_inputs() { cat scripts/setup_env.sh requirements.txt "$PATCH" | sha256sum | cut -c1-16; }
+# the checkout's path is an input: a venv set up for one checkout imports that checkout's code (the .pth below)
+stamp_inputs() { { cat scripts/setup_env.sh requirements.txt "$PATCH"; echo "$ROOT ${BUNDLE:-}"; } | sha256sum | cut -c1-16; }
 STAMP=$(stamp_inputs)
 if [ -f "$VENV/.setup-stamp" ] && [ "$(cat "$VENV/.setup-stamp")" = "$STAMP" ]; then
   exit 0
 fi
 
-"$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null ||
-  { echo "setup_env.sh: PYTHON=$PYTHON must be Python 3.11" >&2; exit 1; }
+PYVER=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) ||
+  { echo "setup_env.sh: PYTHON=$PYTHON does not run: expected a Python 3.10 to 3.13 interpreter" >&2; exit 1; }
+[[ $PYVER =~ ^3\.1[0-3]$ ]] ||
+  { echo "setup_env.sh: PYTHON=$PYTHON is Python $PYVER: expected Python 3.10 to 3.13" >&2; exit 1; }
+if [ -n "${BUNDLE:-}" ]; then  # offline: nothing may come from an index
+  [ -f "$BUNDLE/MANIFEST" ] || { echo "setup_env.sh: BUNDLE=$BUNDLE: expected a folder made by make gpu-bundle (no MANIFEST)" >&2; exit 1; }
+  BUNDLE=$(cd "$BUNDLE" && pwd)
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS=$BUNDLE
+  FAIRSEQ_SDIST=${FAIRSEQ_SDIST:-$BUNDLE/fairseq-0.12.2.tar.gz}
+fi
 
 # One torch floor for the set-up and for `import fairseq_plugins`.
 TORCH_FLOOR=$(sed -n 's/^TORCH_FLOOR = "\([0-9]*\.[0-9]*\)"$/\1/p' fairseq_plugins/__init__.py)
@@ -50,6 +63,12 @@ if [ ! -x "$VENV/bin/python" ]; then
     check_torch "$SYS_TORCH" "PYTHON=$PYTHON"  # before the venv exists: a refusal leaves nothing behind
     echo "setup: using the torch $SYS_TORCH already installed for $PYTHON"
     "$PYTHON" -m venv --system-site-packages "$VENV"
+    # PYTHON's own packages (its venv's, if it is one: a nested venv sees only the base interpreter's)
+    "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' > "$VENV/.base-site"
+    "$VENV/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/fairseq_plugins_base.pth', 'w').write(open(sys.argv[1]).read())" "$VENV/.base-site"
+  elif [ -n "${BUNDLE:-}" ]; then
+    echo "setup_env.sh: BUNDLE=$BUNDLE carries no torch: expected a PYTHON with torch >= $TORCH_FLOOR installed" >&2
+    exit 1
   else
     "$PYTHON" -m venv "$VENV"
   fi
@@ -64,16 +83,21 @@ if [ -z "$TORCH_VER" ]; then
 else
   check_torch "$TORCH_VER" "$VENV"  # e.g. a venv made earlier on a system torch since downgraded
 fi
-# --no-deps: never let a requirement pull in (and replace) torch.
-"${PIP[@]}" --no-deps -r requirements.txt
+if [ -n "${BUNDLE:-}" ]; then
+  # the bundle's wheels; everything else in requirements.txt comes with PYTHON (checked by the imports below)
+  "${PIP[@]}" --no-deps "$BUNDLE"/*.whl
+else
+  # --no-deps: never let a requirement pull in (and replace) torch.
+  "${PIP[@]}" --no-deps -r requirements.txt
+fi
 
 # fairseq: official sdist (checksum-pinned) + our patch, built once into a cached wheel.
 PATCH_SHA=$(sha256sum "$PATCH" | cut -c1-12)
-WHEEL_DIR=$CACHE/wheels/fairseq-0.12.2-$PATCH_SHA-torch$TORCH_VER
+WHEEL_DIR=$CACHE/wheels/fairseq-0.12.2-$PATCH_SHA-py$PYVER-torch$TORCH_VER
 mkdir -p "$CACHE" "$WHEEL_DIR"
 if ! ls "$WHEEL_DIR"/fairseq-*.whl >/dev/null 2>&1; then
   SDIST=${FAIRSEQ_SDIST:-$CACHE/fairseq-0.12.2.tar.gz}
-  if [ ! -f "$SDIST" ]; then
+  if [ ! -f "$SDIST" ] && [ -z "${BUNDLE:-}" ]; then
     echo "setup: downloading fairseq 0.12.2 sdist"
     curl -fsSL --retry 3 -o "$SDIST.part" "$SDIST_URL"
     mv "$SDIST.part" "$SDIST"
@@ -85,7 +109,8 @@ if ! ls "$WHEEL_DIR"/fairseq-*.whl >/dev/null 2>&1; then
   tar xzf "$SDIST" -C "$BUILD"
   (cd "$BUILD/fairseq-0.12.2" && patch -p1 --quiet < "$PATCH")
   echo "setup: building the fairseq wheel (once; cached in $WHEEL_DIR)"
-  "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$BUILD/wheel" "$BUILD/fairseq-0.12.2"
+  env -u CUDA_HOME -u CUDA_PATH "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$BUILD/wheel" \
+    "$BUILD/fairseq-0.12.2"
   mv "$BUILD"/wheel/fairseq-*.whl "$WHEEL_DIR"/
 fi
 "${PIP[@]}" --no-deps --force-reinstall "$WHEEL_DIR"/fairseq-*.whl
@@ -93,5 +118,5 @@ fi
 # `import fairseq_plugins` from anywhere in the venv (Python API), as an editable install would; and the scripts'
 # shared library `tooling` (scripts/tooling/) for tests and other importers (a script finds it beside itself).
 "$PY" -c "import site, sys; open(site.getsitepackages()[0] + '/fairseq_plugins_repo.pth', 'w').write(''.join(p + '\\n' for p in sys.argv[1:]))" "$ROOT" "$ROOT/scripts"
-"$PY" -c "import fairseq, fairseq_cli, fairseq_plugins, tooling, torch; print('setup: fairseq', fairseq.__version__, '| torch', torch.__version__)"
+"$PY" -c "import fairseq, fairseq_cli, fairseq_plugins, tooling, torch, sacrebleu, sentencepiece, torchdiffeq; print('setup: fairseq', fairseq.__version__, '| torch', torch.__version__, '| Python', '$PYVER')"
 echo "$STAMP" > "$VENV/.setup-stamp"
