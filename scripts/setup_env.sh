@@ -5,6 +5,7 @@
 #   PYTHON=python3.11   interpreter for the venv (Python 3.10 to 3.13; default python3.11, else python3)
 #   VENV=.venv          where the venv goes
 #   FAIRSEQ_SDIST=path  use a local copy of fairseq-0.12.2.tar.gz instead of downloading it
+#   CACHE=.cache        where the patched fairseq wheel is built once and kept
 #   BUNDLE=dir          offline: install from a folder made by `make gpu-bundle` (scripts/make_gpu_bundle.sh), with
 #                       no package index; PYTHON must bring torch and the rest of requirements.txt (a GPU image)
 #
@@ -19,7 +20,7 @@ ROOT=$PWD
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 VENV=${VENV:-.venv}
-CACHE=$ROOT/.cache
+CACHE=${CACHE:-$ROOT/.cache}  # where the fairseq wheel is built and kept
 SDIST_URL=https://files.pythonhosted.org/packages/30/36/db42846570f479ac859be3b48d8b47f2ae9b0b9c77487a512f2f2ecbcb6b/fairseq-0.12.2.tar.gz
 SDIST_SHA256=34f1b18426bf3844714534162f065ab733e049597476daa35fffb4d06a92b524
 PATCH=$ROOT/third_party/fairseq-0.12.2.patch
@@ -106,7 +107,7 @@ if ! ls "$WHEEL_DIR"/fairseq-*.whl >/dev/null 2>&1; then
     { echo "setup_env.sh: $SDIST does not match sha256 $SDIST_SHA256" >&2; exit 1; }
   BUILD=$(mktemp -d)
   trap 'rm -rf "$BUILD"' EXIT
-  tar xzf "$SDIST" -C "$BUILD"
+  tar xzf "$SDIST" --no-same-owner -C "$BUILD"  # the sdist's owner ids need not exist here
   (cd "$BUILD/fairseq-0.12.2" && patch -p1 --quiet < "$PATCH")
   echo "setup: building the fairseq wheel (once; cached in $WHEEL_DIR)"
   env -u CUDA_HOME -u CUDA_PATH "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$BUILD/wheel" \
