@@ -3,7 +3,8 @@
 #   scripts/generate.sh DATA_DIR CHECKPOINT SUBSET OUT_JSON [extra fairseq-generate args]
 # DATA_DIR is a prepare_bitext.sh output (bin/, spm.model, raw/ or RAW_DIR). Writes OUT_JSON, and the
 # generate log and detokenized hypotheses beside it (OUT_JSON minus .json, + .gen / .hyp).
-# BEAM (default 4), LENPEN (default 0.6: the papers' length penalty), SRC/TGT (default src/tgt).
+# BEAM (default 4), LENPEN (default 0.6: the papers' length penalty), SRC/TGT (default src/tgt), DEVICE (cpu, the
+# default: --cpu; cuda: fairseq's default device).
 # REUSE=1: keep an existing OUT_JSON (and its .hyp) instead of decoding again when it is newer than the
 # checkpoint and records the same checkpoint, subset, reference, beam, length penalty and extra arguments.
 set -euo pipefail
@@ -11,6 +12,11 @@ DATA=$1 CKPT=$2 SUBSET=$3 OUT=$4
 shift 4
 SRC=${SRC:-src} TGT=${TGT:-tgt}
 RAW=${RAW_DIR:-$DATA/raw}
+case ${DEVICE:-cpu} in
+  cpu) device=(--cpu) ;;
+  cuda) device=() ;;
+  *) echo "generate.sh: DEVICE=$DEVICE: expected cpu or cuda" >&2; exit 2 ;;
+esac
 [ -f "$CKPT" ] || { echo "generate.sh: checkpoint $CKPT not found" >&2; exit 1; }
 base=${OUT%.json}
 meta=("checkpoint=$CKPT" "subset=$SUBSET" "reference=$RAW/$SUBSET.$TGT" "beam=${BEAM:-4}"
@@ -31,7 +37,7 @@ fi
 mkdir -p "$(dirname "$OUT")"
 fairseq-generate "$DATA/bin" --user-dir fairseq_plugins --path "$CKPT" --gen-subset "$SUBSET" \
   --source-lang "$SRC" --target-lang "$TGT" --beam "${BEAM:-4}" --lenpen "${LENPEN:-0.6}" \
-  --max-tokens "${MAX_TOKENS:-8000}" --cpu --num-workers 0 "$@" > "$base.gen.tmp" 2> "$base.gen.err" ||
+  --max-tokens "${MAX_TOKENS:-8000}" ${device[@]+"${device[@]}"} --num-workers 0 "$@" > "$base.gen.tmp" 2> "$base.gen.err" ||
   { tail -3 "$base.gen.err" >&2; exit 1; }
 mv "$base.gen.tmp" "$base.gen"
 python "$(dirname "$0")/score.py" --generate-log "$base.gen" --spm "$DATA/spm.model" \

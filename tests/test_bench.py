@@ -101,3 +101,15 @@ def test_count_ops_reports_operators_and_syncs(tmp_path):
         assert r["forward_s"] > 0 and r["backward_s"] > 0
     for heading in ("## One training update", "## FLOATER's exact solve", "| floater | 32 | 8 |"):
         assert heading in md
+
+
+def test_the_graphed_floater_needs_cuda(tmp_path):
+    """floater_graph (FLOATER with --floater-cuda-graph) on CPU would time the loop under the graph's name: one
+    error line, before anything runs (gpu_check.sh --dry-run runs it under the emulation of CUDA graphs)."""
+    proc = run([sys.executable, "scripts/bench.py", "--quick", "--silent", "--device", "cpu", "--models",
+                "floater,floater_graph", "--out-json", str(tmp_path / "b.json"), "--out-md", str(tmp_path / "b.md")],
+               check=False)
+    assert proc.returncode != 0 and proc.stdout.strip().splitlines()[-1] == (
+        "--models floater_graph: FLOATER's CUDA-graph solve needs --device cuda (on CPU it runs only under "
+        "gpu_check.sh --dry-run's emulation of CUDA graphs)"), proc.stdout
+    assert not (tmp_path / "b.json").exists()

@@ -1,8 +1,14 @@
 """scripts/gpu_check.sh, the one command for a machine with a GPU, checked on CPU as far as it goes: its dry run
 (CUDA graphs through the CPU emulation, the smallest sizes) writes every section of the report, and the graph
-path's gradients there are the loop's; without a GPU and without --dry-run it refuses in one line."""
+path's gradients there are the loop's; each section runs in its own process under its cap, so a section that
+raises or hangs is reported with its reason while the others' rows stay in the report (and the run fails);
+without a GPU and without --dry-run it refuses in one line."""
+import importlib.util
 import json
+import os
+import re
 import subprocess
+import time
 
 import pytest
 import torch
@@ -10,66 +16,221 @@ import torch
 from conftest import REPO, env
 from helpers.small_task import small_data
 
+TITLES = ["## a. Machine", "## b. FLOATER's CUDA-graph solve against the loop",
+          "## c. Every arch × precision on the toy task", "## d. Benchmark: FLOATER with and without CUDA graphs"]
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return small_data(tmp_path_factory)
 
 
+def gpu_check(*argv, extra_env=None, timeout=900):
+    return subprocess.run(["bash", "scripts/gpu_check.sh", *argv], cwd=REPO,
+                          env={**env(), "OMP_NUM_THREADS": "1", **(extra_env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def no_machine_paths(out, tmp_path):
+    for f in out.iterdir():  # no path of this machine in what gets committed
+        for path in (str(REPO), str(tmp_path), "/tmp/", "/home/"):
+            assert path not in f.read_text(), (f.name, path)
+    assert not list(out.glob(".*"))  # no temporary file left
+
+
 def test_dry_run_writes_every_section(data, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out-dir", str(out), "--data",
-                           str(data / "bin")], cwd=REPO, env={**env(), "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=900)
+    proc = gpu_check("--dry-run", "--out-dir", str(out), "--data", str(data / "bin"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (out / "gpu_check.md").read_text()
     report = json.loads((out / "gpu_check.json").read_text())
     assert md.startswith("# GPU check — DRY RUN on CPU")
-    for heading in ("## 1. FLOATER's CUDA-graph solve against the loop", "## 2. Every arch × precision",
-                    "## 3. Benchmark"):
-        assert heading in md
-    assert report["solve"] and all(r["values"] < 1e-6 and r["gradients"] < 1e-6 for r in report["solve"])
-    assert report["trainer"] and all(r["gradient_error"] < 1e-6 and r["updates"] >= 1 and r["captured_buckets"] > 0
-                                     for r in report["trainer"]), report["trainer"]
-    assert {(r["arch"], r["mode"]) for r in report["precision"]} == {
-        (a, m) for a in ("transformer_tiny", "rope_transformer_tiny") for m in ("fp32", "bf16")}
-    assert all(r["ok"] and r["sentences"] > 0 and r["train_loss"] is not None for r in report["precision"]), \
-        report["precision"]
-    assert report["bench"]["ok"], report["bench"]
+    positions = [md.index(title) for title in TITLES]  # every section, in priority order
+    assert positions == sorted(positions)
+    sections = report["sections"]
+    assert list(sections) == ["machine", "floater_graph", "precision", "bench"]
+    assert all(s["status"] == "completed" and s["seconds"] <= s["cap_s"] for s in sections.values()), sections
+
+    def rows(section, kind):
+        return [r for r in sections[section]["rows"] if r["kind"] == kind]
+
+    assert rows("machine", "machine")[0]["note"].startswith("DRY RUN on CPU")
+    assert rows("floater_graph", "solve") and all(r["values"] < 1e-6 and r["gradients"] < 1e-6
+                                                  for r in rows("floater_graph", "solve"))
+    trainer = rows("floater_graph", "trainer")
+    assert trainer and all(r["gradient_error"] < 1e-6 and r["updates"] >= 1 and r["captured_buckets"] > 0
+                           for r in trainer), trainer
+    # both orders of lengths: graph and loop agree at every length; longest-first keeps every bucket's graphs, a
+    # longer bucket drops the shorter ones' (their buffers are too small)
+    steps = rows("floater_graph", "order_step")
+    assert [(r["order"], r["length"]) for r in steps] == [("longest-first", 24), ("longest-first", 16),
+                                                          ("shortest-first", 16), ("shortest-first", 24)]
+    assert all(r["gradient_error"] < 1e-6 and r["loss_error"] < 1e-6 for r in steps), steps
+    memory = {r["order"]: r for r in rows("floater_graph", "order_memory")}
+    assert memory["longest-first"]["captured_buckets"] == 2 and memory["shortest-first"]["captured_buckets"] == 1
+    assert all(0 < r["graph_memory_mib"] <= r["bound_mib"] for r in memory.values()), memory
+    precision = rows("precision", "precision")
+    assert [(r["arch"], r["mode"]) for r in precision] == [("rope_transformer_tiny", "fp32"),
+                                                            ("rope_transformer_tiny", "bf16")]
+    assert all(r["ok"] and r["sentences"] > 0 and r["train_loss"] is not None for r in precision), precision
+    assert all("hypotheses" not in r for r in sections["precision"]["rows"])  # compared, not kept
+    ratios = {r["model"]: r for r in rows("bench", "ratio")}
+    assert set(ratios) == {"transformer", "floater", "floater_graph"}
+    assert ratios["floater_graph"]["graph_buckets"] > 0 and ratios["floater"]["graph_buckets"] is None
     assert (out / "gpu_check_bench.md").exists()
-    for text in (md, (out / "gpu_check.json").read_text()):  # no path of this machine in what gets committed
-        for path in (str(REPO), str(tmp_path), "/tmp/", "/home/"):
-            assert path not in text, path
-    assert not list(out.glob(".*"))  # no temporary file left
+    no_machine_paths(out, tmp_path)
     assert "## Verdict" in md and report["verdicts"] and all(v["passed"] for v in report["verdicts"])
 
 
-def test_a_check_out_of_bounds_fails_the_run():
-    """The verdict table and the exit status: a graph gradient off by 1% in float32, or a graph path that never
-    captured, fails; the same report within bounds passes."""
-    import importlib.util
+def test_a_failing_section_leaves_the_others_and_fails_the_run(data, tmp_path):
+    """A section that raises is one report row with the exception's last line; the sections before and after it
+    are in the report, and the exit status is 1."""
+    out = tmp_path / "out"
+    proc = gpu_check("--dry-run", "--out-dir", str(out), "--data", str(data / "bin"),
+                     "--sections", "machine,floater_graph,bench",
+                     extra_env={"GPU_CHECK_FAIL_SECTION": "floater_graph"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    md = (out / "gpu_check.md").read_text()
+    report = json.loads((out / "gpu_check.json").read_text())
+    sections = report["sections"]
+    assert [(n, s["status"]) for n, s in sections.items()] == [
+        ("machine", "completed"), ("floater_graph", "failed"), ("bench", "completed")]
+    reason = "RuntimeError: failure injected into section floater_graph (GPU_CHECK_FAIL_SECTION)"
+    assert sections["floater_graph"]["reason"] == reason
+    assert "**Failed** after" in md and reason in md
+    assert "python 3." in md and "| floater_graph | 32 |" in md  # the other sections' rows
+    assert TITLES[2] not in md  # not asked for
+    failed = [v["check"] for v in report["verdicts"] if not v["passed"]]
+    assert failed == [f"b. FLOATER's CUDA-graph solve against the loop: {reason}"]
+    assert proc.stderr.strip().splitlines()[-1].startswith("FAILED: b. FLOATER's CUDA-graph solve")
 
+
+def test_a_section_past_its_cap_is_killed_and_reported(tmp_path):
+    """A hung section is killed at its cap with everything it started, and the report says so; the report is
+    written before the first section and again the moment each section ends, so it is there while the next runs."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(["bash", "scripts/gpu_check.sh", "--dry-run", "--out-dir", str(out), "--sections",
+                             "machine,bench", "--cap", "bench=4"], cwd=REPO,
+                            env={**env(), "OMP_NUM_THREADS": "1", "GPU_CHECK_HANG_SECTION": "bench"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = set()
+    md_path = out / "gpu_check.md"
+    while proc.poll() is None:
+        md = md_path.read_text() if md_path.exists() else ""
+        if md.count("Not run yet.") == 2:
+            seen.add("header")
+        if "Completed in" in md and "python 3." in md and TITLES[3] + "\n\nNot run yet." in md:
+            seen.add("machine, while bench runs")
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate()
+    assert seen == {"header", "machine, while bench runs"}, stderr[-3000:]
+    assert proc.returncode == 1, stderr[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    bench = report["sections"]["bench"]
+    assert bench["status"] == "timed out" and bench["reason"] == "timed out after 4 s" and bench["cap_s"] == 4
+    assert 4 <= bench["seconds"] < 30
+    md = md_path.read_text()
+    assert "**Timed out after 4 s** (its cap)" in md and "python 3." in md
+    assert [v["check"] for v in report["verdicts"] if not v["passed"]] == [
+        "d. Benchmark: FLOATER with and without CUDA graphs: timed out after 4 s"]
+    pids = [int(p) for p in re.search(r"hanging: pids (\d+) (\d+)", stderr).groups()]
+    time.sleep(0.5)
+    for pid in pids:  # the section's process and its child: killed, not left behind
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2], pid
+
+
+def test_bad_flags_are_one_line(tmp_path):
+    for argv, message in [(["--cap", "precision=soon"], "--cap precision=soon: expected a positive number of seconds"),
+                          (["--cap", "decode=10"], "--cap decode=10: expected NAME=SECONDS with NAME one of machine, "
+                                                   "floater_graph, precision, bench, calibrate"),
+                          (["--sections", "machine,gpu"], "--sections machine,gpu: expected some of "
+                                                          "machine,floater_graph,precision,bench"),
+                          (["--calibrate", "--multi30k", str(tmp_path)],
+                           f"--multi30k {tmp_path}: expected Multi30k's train.en, train.de, val.en, val.de, "
+                           "test_2016_flickr.en, test_2016_flickr.de")]:
+        proc = gpu_check("--dry-run", "--out-dir", str(tmp_path / "out"), *argv, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"scripts/gpu_check.sh: {message}"], \
+            proc.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def load_gpu_check():
     spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
-    report = {"solve": [{"positions": 21, "values": 0.0, "gradients": 1e-7}],
-              "trainer": [{"mode": "fp32", "update_freq": 3, "gradient_error": 1e-8, "captured_buckets": 2}],
-              "memory": [{"graph": True, "length": 32, "held_by_graphs_mib": 10.0, "predicted_tape_mib": 9.0}],
-              "precision": [{"ok": True, "train_loss": 5.0, "fp32_loss": 5.1}], "bench": {"ok": True}}
+    return gpu_check
+
+
+def test_a_check_out_of_bounds_fails_the_run():
+    """The verdict table and the exit status: a graph gradient off by 1% in float32, a graph path that never
+    captured, graph memory over its bound, a loss far from fp32's, or a section that did not complete, fails;
+    the same report within bounds passes."""
+    gpu_check = load_gpu_check()
+
+    def section(*rows, status="completed", reason=None):
+        return {"title": "t", "cap_s": 10, "seconds": 1.0, "status": status, "reason": reason, "rows": list(rows)}
+
+    trainer = {"kind": "trainer", "mode": "fp32", "update_freq": 3, "gradient_error": 1e-8, "captured_buckets": 2}
+    orders = [row for order in ("longest-first", "shortest-first") for row in (
+        {"kind": "order_step", "order": order, "length": 32, "gradient_error": 1e-7, "loss_error": 0.0},
+        {"kind": "order_memory", "order": order, "graph_memory_mib": 90.0, "bound_mib": 100.0,
+         "captured_buckets": 1})]
+    report = {"sections": {
+        "machine": section({"kind": "machine", "device": "cuda"}),
+        "floater_graph": section({"kind": "solve", "positions": 21, "values": 0.0, "gradients": 1e-7}, trainer,
+                                 *orders),
+        "precision": section({"kind": "precision", "ok": True, "train_loss": 5.0, "fp32_loss": 5.1}),
+        "bench": section({"kind": "bench"}, {"kind": "ratio", "model": "floater_graph", "graph_buckets": 1})}}
     assert all(v["passed"] for v in gpu_check.verdicts(report))
+
+    def failed(section_name, *rows, **status):
+        bad = {**report, "sections": {**report["sections"], section_name: section(*rows, **status)}}
+        return [v["check"] for v in gpu_check.verdicts(bad) if not v["passed"]]
+
+    graph_rows = report["sections"]["floater_graph"]["rows"]
     for broken in ({"gradient_error": 1e-2}, {"captured_buckets": 0}):
-        bad = {**report, "trainer": [{**report["trainer"][0], **broken}]}
-        assert [v["check"] for v in gpu_check.verdicts(bad) if not v["passed"]] == [
-            "Trainer fp32, --update-freq 3: gradient, graph vs loop"]
-    bad = {**report, "precision": [{"ok": True, "train_loss": 8.0, "fp32_loss": 5.0}]}
-    assert not gpu_check.verdicts(bad)[-2]["passed"]
+        rows = [{**r, **broken} if r["kind"] == "trainer" else r for r in graph_rows]
+        assert failed("floater_graph", *rows) == ["Trainer fp32, --update-freq 3: gradient, graph vs loop"]
+    rows = [{**r, "graph_memory_mib": 120.0} if r["kind"] == "order_memory" and r["order"] == "shortest-first"
+            else r for r in graph_rows]
+    assert failed("floater_graph", *rows) == ["graph memory shortest-first / its bound (buckets captured > 0)"]
+    # a completed section without one order's rows fails that order's checks; one that timed out is judged on
+    # the rows it wrote (and fails as a section)
+    rows = [r for r in graph_rows if r.get("order") != "longest-first"]
+    assert failed("floater_graph", *rows) == ["training steps longest-first: gradient and loss, graph vs loop",
+                                              "graph memory longest-first / its bound (buckets captured > 0)"]
+    assert failed("floater_graph", *rows, status="timed out", reason="timed out after 80 s") == [
+        "t: timed out after 80 s"]
+    assert failed("precision", {"kind": "precision", "ok": True, "train_loss": 8.0, "fp32_loss": 5.0}) == [
+        "every arch × precision trains and decodes; loss vs fp32 (relative)"]
+    assert failed("bench", {"kind": "bench"}, {"kind": "ratio", "model": "floater_graph", "graph_buckets": 0}) == [
+        "benchmark ran; floater_graph captured at every length"]
+    assert failed("machine", status="timed out", reason="timed out after 20 s") == [
+        "t: timed out after 20 s"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
 def test_without_a_gpu_it_refuses_in_one_line(tmp_path):
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--out-dir", str(tmp_path / "out")], cwd=REPO,
-                          env=env(), capture_output=True, text=True, timeout=300)
+    proc = gpu_check("--out-dir", str(tmp_path / "out"), timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "scripts/gpu_check.sh: no CUDA device; use --dry-run to check the script on CPU"]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # three models trained (one epoch of 200 sentences), averaged, decoded and scored by the recipe
+def test_calibrate_dry_run_reports_each_model(tmp_path):
+    """--calibrate --dry-run: scripts/recipes/multi30k_study.sh on CPU, three runs side by side, one row each with
+    its tokenized lowercased BLEU against the literature's 41.0."""
+    out = tmp_path / "out"
+    proc = gpu_check("--calibrate", "--dry-run", "--out-dir", str(out), timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "gpu_check_calibrate.json").read_text())
+    md = (out / "gpu_check_calibrate.md").read_text()
+    assert [r["model"] for r in report["rows"]] == ["transformer", "relative", "floater"]
+    for r in report["rows"]:
+        assert r["status"] == "finished" and 0 <= r["bleu_tok_lc"] <= 100 and r["updates"] >= 1, r
+        assert r["delta"] == round(r["bleu_tok_lc"] - 41.0, 2)
+        assert f"| {r['model']} | finished | {r['bleu_tok_lc']:.2f} | {r['delta']:+.2f} |" in md
+    assert md.startswith("# GPU check, calibration — DRY RUN on CPU")
+    no_machine_paths(out, tmp_path)

@@ -42,6 +42,7 @@
 # Variables: PAIR (en-de), MODELS, SEEDS (1 2 3), EPOCHS (8), WARMUP (500 updates: with 250 the transformer failed
 # on seed 3, results/multi30k_study/probe.md), LR (0.005), FT_EPOCHS (3), FT_WARMUP (50), AVG (3), FT_AVG (2),
 # VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
+# DEVICE (cpu, the default; cuda: training and decoding on the GPU, JOBS runs sharing it; not part of the recipe),
 # MAX_TRAIN_LEN, EDGES, ALL_LENGTHS_RUNS, TABLES_ONLY, MULTI30K_DIR (../shared/data/multi30k); DATA_DIR,
 # CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN], checkpoints/multi30k_study[_lenN],
 # results/multi30k_study[/lenN]). A finished run records the recipe; asking for another recipe is an error.
@@ -58,6 +59,7 @@ FT_EPOCHS=${FT_EPOCHS:-3} FT_WARMUP=${FT_WARMUP:-50}
 AVG=${AVG:-3} FT_AVG=${FT_AVG:-2}
 VOCAB=${VOCAB:-10000} MAX_TOKENS=${MAX_TOKENS:-4096} BEAM=${BEAM:-5} LENPEN=${LENPEN:-1}
 JOBS=${JOBS:-1} THREADS=${THREADS:-1}
+DEVICE=${DEVICE:-cpu}
 MAX_TRAIN_LEN=${MAX_TRAIN_LEN:-}
 EDGES=${EDGES:-1,10,15,20,inf}
 MODEL_ARGS=${MODEL_ARGS:-"--encoder-layers 4 --decoder-layers 4 --encoder-embed-dim 128 --decoder-embed-dim 128 \
@@ -72,6 +74,8 @@ OUT=${OUT_DIR:-results/multi30k_study${MAX_TRAIN_LEN:+/len$MAX_TRAIN_LEN}}
 for v in EPOCHS WARMUP FT_EPOCHS FT_WARMUP AVG FT_AVG VOCAB MAX_TOKENS BEAM JOBS THREADS ${MAX_TRAIN_LEN:+MAX_TRAIN_LEN}; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v=${!v}: expected a positive integer"
 done
+[[ $DEVICE == cpu || $DEVICE == cuda ]] || die "DEVICE=$DEVICE: expected cpu or cuda"
+export DEVICE  # train_small.sh and generate.sh: --cpu or not
 [[ $LR =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ ]] || die "LR=$LR: expected a positive number"
 [[ $LENPEN =~ ^[0-9]*\.?[0-9]+$ ]] || die "LENPEN=$LENPEN: expected a number"
 [[ -z ${TABLES_ONLY:-} || $TABLES_ONLY == 1 ]] || die "TABLES_ONLY=$TABLES_ONLY: expected 1 (or unset)"
@@ -269,7 +273,7 @@ run_one() {
   python scripts/study.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \
     --ref "$DATA/raw/test.$TGT" --train-log "$dir/train.log" --out "$record" \
     --meta "recipe=$RECIPE" "arch=$arch" "epochs=$epochs" "lr=$lr" "averaged=$avg" "update_offset=$offset" \
-    "code=$CODE" "threads=$THREADS" "jobs=$JOBS" ${origin:+"source=$origin"} |
+    "code=$CODE" "threads=$THREADS" "jobs=$JOBS" "device=$DEVICE" ${origin:+"source=$origin"} |
     sed "s/^/== /"
   if [ -n "$again" ]; then
     python scripts/study.py retrain-note --recorded "$result" --test-json "$dir/test.json" \

@@ -13,6 +13,11 @@ B = tokens // T sentences):
    FLOATER runs twice: with the exact gradient every update (--floater-update-every 1) and with the cached
    biases of --floater-update-every N. The latter's figure is the amortised cost of one update,
    ((N − 1)·median(cached update) + median(exact update)) / N: one update in N re-solves.
+   `floater_graph` (asked for by name) is the exact FLOATER with --floater-cuda-graph: its training solves
+   replayed from CUDA graphs (on CUDA; on CPU only under the test layer's emulation of CUDA graphs, which
+   gpu_check.sh --dry-run installs). Every length starts without captured graphs (its first update captures:
+   give it warm-up updates); its rows record the buckets captured (`graph_buckets`). At inference it is the
+   same model as `floater` (graphs replay training solves only), so it is not decoded twice.
 2. Decoding: beam-4 search through fairseq's SequenceGenerator with incremental decoding, random sources of
    length T and min_len = max_len = T, so every model produces exactly T tokens (+ EOS) per sentence and does the
    same number of steps. Reported per sentence.
@@ -74,6 +79,7 @@ ARCHS = {dims: {name: (scheme.arch(dims), list(scheme.flags) + (BASE_FFN if dims
          for dims in ("base", "tiny")}
 SCHEME_NAMES = tuple(n for n in SCHEME_TABLE if n not in ("transformer", "relative", "floater"))
 BASELINE = "transformer"
+GRAPH = "floater_graph"  # the exact FLOATER with --floater-cuda-graph
 
 
 def model_specs(dims, floater_every):
@@ -85,6 +91,8 @@ def model_specs(dims, floater_every):
         "floater": (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1"], "floater"),
         f"floater_every{floater_every}": (
             archs["floater"][0], archs["floater"][1] + ["--floater-update-every", str(floater_every)], "floater"),
+        GRAPH: (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1", "--floater-cuda-graph"],
+                "floater"),
         **{name: (*archs[name], name) for name in SCHEME_NAMES},
     }
 
@@ -435,8 +443,8 @@ class Plan:
     profiles: dict
 
     @property
-    def decoded(self):
-        return [n for n in self.names if n != self.cached]  # the cached FLOATER is the same model at inference
+    def decoded(self):  # the cached and the graphed FLOATER are the same model as floater at inference
+        return [n for n in self.names if n not in (self.cached, GRAPH)]
 
     def bundles(self):
         """Fresh models (same seed) of every compared name."""
@@ -458,12 +466,23 @@ def plan(args):
     names = [n for n in specs if n in asked or n == BASELINE or (n == cached and "floater_cached" in asked)]
     if cached in names and "floater" not in names:
         raise SystemExit("--models: floater_cached needs floater (its amortised update includes one exact update)")
+    if GRAPH in names and device != "cuda" and not graphs_emulated():
+        raise SystemExit(f"--models {GRAPH}: FLOATER's CUDA-graph solve needs --device cuda (on CPU it runs only "
+                         "under gpu_check.sh --dry-run's emulation of CUDA graphs)")
     rows = {(n, T): {"model": n, "arch": specs[n][0], "flags": specs[n][1], "length": T,
                      "batch_sentences": max(1, args.tokens // T)} for n in names for T in lengths}
     log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.silent else (lambda *a: None)
     return Plan(args, lengths, parse_per_length(args.reps, lengths, "reps"),
                 parse_per_length(args.decode_reps, lengths, "decode-reps"), specs, names, cached,
                 synthetic_dictionary(args.vocab), rows, log, [load_average()], {})
+
+
+def graphs_emulated():
+    """Whether the test layer's CPU emulation of CUDA graphs is installed (it replaces FLOATER's capture predicate,
+    tests/helpers/cuda_graph_emulation.py), so that FLOATER's graph path runs on CPU."""
+    from fairseq_plugins.modules.floater import rk4
+
+    return rk4._capturable.__module__ != rk4.__name__
 
 
 def memory_phase(p):
@@ -572,7 +591,13 @@ def run(args):
             params = {n: sum(x.numel() for x in b.model.parameters()) for n, b in bundles.items()}
         sample = random_batch(p.dictionary, p.rows[p.names[0], T]["batch_sentences"], T, args.device,
                               seed=args.seed + T)
+        if GRAPH in p.names:  # the graphed FLOATER captures anew at every length (fresh models)
+            from fairseq_plugins.modules.floater import cuda_graph
+
+            cuda_graph.reset()
         train_phase(p, bundles, T, sample)
+        if GRAPH in p.names:
+            p.rows[GRAPH, T]["graph_buckets"] = cuda_graph.captured_buckets()
         if not args.no_decode:
             decode_phase(p, bundles, T)
     return report(p, params, started)
