@@ -137,6 +137,8 @@ def section_machine(ctx, rows):
     import torch
 
     info = {"python": sys.version.split()[0], "torch": torch.__version__, "device": ctx.device}
+    if os.environ.get("GPU_CHECK_SETUP_SECONDS"):  # gpu_check.sh set up from the carried bundle first
+        info["offline set-up from the bundle"] = f"{os.environ['GPU_CHECK_SETUP_SECONDS']} s"
     if ctx.device == "cuda":
         props = torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
@@ -816,14 +818,16 @@ def write_report(report, out_dir, stem):
 # -- --calibrate: the Multi30k recipe at the literature's budget ---------------------------------------------------
 
 def find_multi30k(given):
-    """--multi30k, or the repository's own copy (data/multi30k, shared/data/multi30k), or ../shared/data/multi30k."""
+    """--multi30k, or the repository's own copy (data/multi30k, shared/data/multi30k, the carried bundle's
+    .gpu_bundle/multi30k), or ../shared/data/multi30k."""
     need = [f"{split}.{lang}" for split in DRY_CALIBRATE_SENTENCES for lang in ("en", "de")]
     candidates = [Path(given)] if given else [REPO / "data" / "multi30k", REPO / "shared" / "data" / "multi30k",
+                                              REPO / ".gpu_bundle" / "multi30k",
                                               REPO.parent / "shared" / "data" / "multi30k"]
     for folder in candidates:
         if all((folder / f).is_file() for f in need):
             return folder
-    where = given or "data/multi30k, shared/data/multi30k or ../shared/data/multi30k"
+    where = given or "data/multi30k, shared/data/multi30k, .gpu_bundle/multi30k or ../shared/data/multi30k"
     raise CheckError(f"--multi30k {where}: expected Multi30k's {', '.join(need)}")
 
 
