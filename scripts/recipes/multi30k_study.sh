@@ -161,8 +161,11 @@ tabulate() {
     --source-dependence "$OUT/source_dependence" "${split[@]}" ${split:+--split-note "longer than any training sentence"}
   [ ! -d "$OUT" ] || python scripts/result_paths.py "$OUT" > /dev/null  # older code wrote absolute paths
   if compgen -G "$OUT/runs/*.json" > /dev/null; then
-    python scripts/study.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
-      --title "Multi30k $SRC-$TGT: validation loss (${MAX_TRAIN_LEN:+train <= $MAX_TRAIN_LEN words, }one line per seed)"
+    local ft=
+    ! compgen -G "$OUT/runs/floater_warm.seed*.json" > /dev/null && ! compgen -G "$OUT/runs/transformer_ft.seed*.json" \
+      > /dev/null || ft=" (fine-tunes: $FT_EPOCHS more)"
+    python scripts/study.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" --title "Multi30k $SRC-$TGT, $EPOCHS \
+epochs$ft, warm-up $WARMUP${MAX_TRAIN_LEN:+, trained on <= $MAX_TRAIN_LEN words}: validation loss, one panel per model, one line per seed"
   fi
   [ -n "$MAX_TRAIN_LEN" ] || return 0
   # BLEU by source length: every finished run, and the same model and seed trained on all lengths with this

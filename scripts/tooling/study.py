@@ -20,6 +20,7 @@ import re
 import shutil
 import statistics
 import sys
+import textwrap
 
 import sacrebleu
 
@@ -424,6 +425,9 @@ def table(args):
 
 
 def plot(args):
+    """Validation loss against updates: one panel per model (its seeds one line each, a fine-tune continuing its
+    transformer's x axis), every panel on the same axes, the transformer's mean over seeds in grey beside the
+    others for reference."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -432,22 +436,47 @@ def plot(args):
     runs = load_runs(args.runs)
     if not runs:
         fail(f"no run results in {args.runs}")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = {}
-    for (model, seed), run in sorted(runs.items()):
+    curves = {}
+    for (model, seed), run in runs.items():
         curve = run.get("valid_loss") or []
-        if not curve:
-            continue
-        offset = int(run.get("update_offset", 0))  # a fine-tune continues its source run's x axis
-        color = colors.setdefault(model, f"C{len(colors)}")
-        ax.plot([u + offset for u, _ in curve], [loss for _, loss in curve], color=color, marker=".",
-                label=model if seed == min(s for m, s in runs if m == model) else None, alpha=0.8)
-    ax.set_xlabel("updates")
-    ax.set_ylabel("validation loss (label-smoothed, base 2)")
-    ax.set_title(args.title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+        offset = int(run.get("update_offset", 0))
+        if curve:
+            curves.setdefault(model, {})[seed] = ([u + offset for u, _ in curve], [loss for _, loss in curve])
+    models, seeds = every_run(args.runs, list(curves), [])
+    models = [m for m in models if m in curves]
+    cols = min(4, len(models))
+    rows = -(-len(models) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.5 * rows + 1.0), sharex=True, sharey=True,
+                             squeeze=False)
+    reference = None
+    base = curves.get("transformer", {})
+    if base and len({tuple(x) for x, _ in base.values()}) == 1:  # the seeds share their updates: their mean
+        xs = next(iter(base.values()))[0]
+        reference = (xs, [statistics.mean(c[1][i] for c in base.values()) for i in range(len(xs))])
+    colors = {s: f"C{i}" for i, s in enumerate(seeds)}
+    for ax, model in zip(axes.flat, models):
+        if reference and model != "transformer":
+            ax.plot(*reference, color="0.6", linestyle="--", linewidth=1.2, label="transformer, mean of its seeds")
+        for seed, (xs, ys) in sorted(curves[model].items()):
+            ax.plot(xs, ys, color=colors[seed], marker=".", markersize=4, linewidth=1.2, label=f"seed {seed}")
+        ax.set_title(f"{model} (seed{'s' if len(curves[model]) > 1 else ''} "
+                     f"{', '.join(map(str, sorted(curves[model])))})", fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(models):]:
+        ax.set_visible(False)
+    for col in range(cols):  # the lowest panel of each column: its updates axis
+        lowest = [ax for ax in axes[:, col] if ax.get_visible()][-1]
+        lowest.xaxis.set_tick_params(labelbottom=True)
+        lowest.set_xlabel("updates", fontsize=10)
+    handles = {}
+    for ax in axes.flat[:len(models)]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    order = sorted(handles, key=lambda label: (not label.startswith("transformer"), label))
+    fig.legend([handles[k] for k in order], order, loc="lower center", ncol=len(order), fontsize=9, frameon=False)
+    fig.supylabel("validation loss (label-smoothed, base 2)", fontsize=10)
+    fig.suptitle(textwrap.fill(args.title, int(3.3 * cols * 11)), fontsize=11)  # ~11 characters an inch
+    fig.tight_layout(rect=(0, 0.5 / (2.5 * rows + 1.0), 1, 1))
     save_figure(fig, args.out, dpi=110)
     print(f"plot -> {args.out}")
 
