@@ -49,10 +49,16 @@ checkpoint does not record it (--max-source-positions is the model's limit, not 
 headline picture on top, encoder side (FLOATER: the similarity of the biases averaged over every encoder block's
 q, k, v; the learned table's; the sinusoid's; relative positions: the similarity between the a^K vectors of two
 distances, averaged over heads and encoder layers; T5, ALiBi, RoPE: the encoder's curves, one per head) and below
-it a profile: for absolute schemes the cosine similarity of neighbouring positions, cos(p_i, p_{i+1}) (FLOATER's
-averaged over the encoder's projections, and FLOATER's and the learned table's beside the sinusoid's), for
-relative positions the norms of a^K and a^V by distance averaged over heads and encoder layers, for the schemes
-inside attention the mean of their curves over heads.
+it a profile: for absolute schemes how far each position turns from the last, the angle between p_i and p_{i+1}
+in degrees (FLOATER's averaged over the encoder's projections, and FLOATER's and the learned table's beside the
+sinusoid's), for relative positions the norms of a^K and a^V by distance averaged over heads and encoder layers,
+for the schemes inside attention the mean of their curves over heads. Every panel is titled; panels that show the
+same quantity share one y range (the angles from 0), the others keep their own; each heatmap has its colour bar.
+
+Every figure's title names the checkpoint by its label (e.g. rope.ep20.seed1: scheme, budget and seed as the user
+names them) and the budget the checkpoint records (its updates; a fine-tune's: of the fine-tuning run). Panels of
+one quantity share their y axis: the stacks of a scheme inside attention (RoPE's rotation alone, a cosine, keeps
+its own), every layer and table of Shaw's norms.
 
 Bad input (a missing or unreadable checkpoint, another kind of model, a bad flag, FLOATER biases that overflow
 within --positions) stops with one line on stderr naming the file or flag, exit status 2, before anything is
@@ -157,7 +163,24 @@ def load_model(path):
         raise BadInput(f"checkpoint {path}: its weights do not fit its architecture {arch} ({text[:200]})") from None
     model = model.float().eval()
     model.checkpoint_arch = arch
+    history = state.get("optimizer_history") or [{}]
+    model.checkpoint_updates = history[-1].get("num_updates") if isinstance(history[-1], dict) else None
     return model
+
+
+def budget(model):
+    """The training budget a checkpoint records, for the figures' titles: its updates (a fine-tune's: of the
+    fine-tuning run)."""
+    updates = getattr(model, "checkpoint_updates", None)
+    if updates is None:
+        return "updates not recorded"
+    return "untrained" if updates == 0 else f"{updates:,} updates"
+
+
+def _named(label, model):
+    """What a figure's title says of its checkpoint: the label (scheme, budget and seed as the user names them,
+    e.g. rope.ep20.seed1) and the budget the checkpoint records."""
+    return f"{label} ({budget(model)})"
 
 
 # -- what the schemes learned, as arrays ------------------------------------------------------------------------
@@ -467,7 +490,7 @@ def floater_figures(model, label, num_positions, train_max_len, out):
             else:
                 ax.axis("off")
     _colorbar(fig, image, axes)
-    fig.suptitle(f"{label}: FLOATER biases b(t_i) = b(0) + Δb(t_i), cos(b(t_i), b(t_j)) averaged over each "
+    fig.suptitle(f"{_named(label, model)}: FLOATER biases b(t_i) = b(0) + Δb(t_i), cos(b(t_i), b(t_j)) averaged over each "
                  f"block's projections{note}", fontsize=9)
     paths.append(save_figure(fig, os.path.join(out, f"{label}_floater.png")))
 
@@ -490,7 +513,7 @@ def floater_figures(model, label, num_positions, train_max_len, out):
             image = _heatmap(ax, per_projection[rows[0]], f"{short[flow['flow']]} block {block + 1} {kind}",
                              _mark_for(flow["side"], train_max_len), ylabel=c == 0)
     _colorbar(fig, image, axes)
-    fig.suptitle(f"{label}: FLOATER biases per projection, cos(b(t_i), b(t_j)){note}", fontsize=9)
+    fig.suptitle(f"{_named(label, model)}: FLOATER biases per projection, cos(b(t_i), b(t_j)){note}", fontsize=9)
     paths.append(save_figure(fig, os.path.join(out, f"{label}_floater_projections.png"), dpi=90))
 
     # norms: one panel per flow, one line per projection (colour: block, style: projection)
@@ -511,7 +534,7 @@ def floater_figures(model, label, num_positions, train_max_len, out):
         ax.tick_params(labelsize=6)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=5, ncol=2)
-    fig.suptitle(f"{label}: norm of the FLOATER biases b(t_i) = b(0) + Δb(t_i) by position"
+    fig.suptitle(f"{_named(label, model)}: norm of the FLOATER biases b(t_i) = b(0) + Δb(t_i) by position"
                  f"{_marker_note(train_max_len).replace('dashed', 'dotted')}", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     paths.append(save_figure(fig, os.path.join(out, f"{label}_floater_norms.png")))
@@ -551,7 +574,8 @@ def absolute_figure(model, label, num_positions, train_max_len, out):
     for ax, (sim, title, side) in zip(axes[0], panels):
         image = _heatmap(ax, sim, title, _mark_for(side, train_max_len))  # the panels' lengths may differ
     _colorbar(fig, image, axes)
-    fig.suptitle(f"{label}: {kind} absolute positions, cos(p_i, p_j){_marker_note(train_max_len)}", fontsize=9)
+    fig.suptitle(f"{_named(label, model)}: {kind} absolute positions, cos(p_i, p_j){_marker_note(train_max_len)}",
+                 fontsize=9)
     return [save_figure(fig, os.path.join(out, f"{label}_{kind}.png"))]
 
 
@@ -564,8 +588,9 @@ def relative_figures(model, label, out):
     distance = list(range(-k, k + 1))
     paths = []
 
+    # one quantity (a vector's norm) in every panel: one y axis for all of them
     fig, axes = plt.subplots(len(layers), len(kinds), figsize=(4.2 * len(kinds), 1.9 * len(layers)),
-                             squeeze=False, sharex=True)
+                             squeeze=False, sharex=True, sharey=True)
     for t in tables:
         ax = axes[layers.index(t["name"]), kinds.index(t["table"])]
         norms = relative_norms(t)
@@ -573,14 +598,16 @@ def relative_figures(model, label, out):
             ax.plot(distance, row.numpy(), marker=".", ms=3, lw=1,
                     label=f"head {h + 1}" if t["per_head"] else "all heads")
         ax.set_title(f"{t['name']}: {t['table']}", fontsize=8)
-        ax.set_ylabel("L2 norm", fontsize=7)
         ax.tick_params(labelsize=6)
         ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("L2 norm", fontsize=7)
     for ax in axes[-1]:
         ax.set_xlabel(f"clipped distance j − i (k = {k})", fontsize=7)
     axes[0, -1].legend(fontsize=6, loc="upper right", ncol=2)
     heads = "one line per head" if tables[0]["per_head"] else "one table shared by the heads"
-    fig.suptitle(f"{label}: relative position vectors (Shaw et al.), norm by distance; {heads}", fontsize=9)
+    fig.suptitle(f"{_named(label, model)}: relative position vectors (Shaw et al.), norm by distance; {heads}",
+                 fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     paths.append(save_figure(fig, os.path.join(out, f"{label}_relative.png"), dpi=80))
 
@@ -591,7 +618,7 @@ def relative_figures(model, label, out):
         image = _heatmap(ax, relative_similarity(t), f"{t['name']}: {t['table']}", extent_from=-k,
                          axis_label="distance", ylabel=layers.index(t["name"]) == 0)
     _colorbar(fig, image, axes)
-    fig.suptitle(f"{label}: cosine similarity between the vectors of two distances"
+    fig.suptitle(f"{_named(label, model)}: cosine similarity between the vectors of two distances"
                  + (", averaged over heads" if tables[0]["per_head"] else ""), fontsize=9)
     paths.append(save_figure(fig, os.path.join(out, f"{label}_relative_similarity.png")))
     return paths
@@ -611,18 +638,30 @@ def attention_lines(model, entry, num_positions):
     return x, values, "logit bias"
 
 
+def _same_y(axes):
+    """One y range for panels that show the same quantity (the union of their own)."""
+    axes = [ax for ax in axes if ax is not None]
+    if len(axes) > 1:
+        lows, highs = zip(*(ax.get_ylim() for ax in axes))
+        for ax in axes:
+            ax.set_ylim(min(lows), max(highs))
+
+
 def attention_figure(model, label, num_positions, train_max_len, out):
-    """One panel per stack: the scheme's effect on the logit by distance j − i, one line per head (RoPE: and a
-    panel with the rotation alone)."""
+    """One panel per stack: the scheme's effect on the logit by distance j − i, one thin line per head and their
+    mean in black, every stack on one y axis (the same quantity); RoPE: beside them, on its own axis, the rotation
+    alone (another quantity: a cosine)."""
     plt = _pyplot()
     entries = attention_schemes(model)
     kind = entries[0]["kind"]
     panels = len(entries) + (kind == "rope")
-    fig, axes = plt.subplots(1, panels, figsize=(4.4 * panels, 3.2), squeeze=False)
+    fig, axes = plt.subplots(1, panels, figsize=(4.4 * panels, 3.4), squeeze=False)
     for ax, entry in zip(axes[0], entries):
         x, values, ylabel = attention_lines(model, entry, num_positions)
         for h, row in enumerate(values):
-            ax.plot(x, row.numpy(), lw=1, label=f"head {h + 1}")
+            ax.plot(x, row.numpy(), lw=0.8, alpha=0.75, label=f"head {h + 1}")
+        if len(values) > 1:
+            ax.plot(x, values.mean(0).numpy(), "k-", lw=1.6, label="mean over heads")
         mark = _mark_for("source" if entry["part"] == "encoder" else "target", train_max_len)
         if mark is not None:  # the longest training sentence: distances beyond ±(len − 1) were never seen
             for d in (-(mark - 1), mark - 1) if not entry["causal"] else (-(mark - 1),):
@@ -632,17 +671,20 @@ def attention_figure(model, label, num_positions, train_max_len, out):
         ax.set_ylabel(ylabel, fontsize=7)
         ax.tick_params(labelsize=6)
         ax.grid(alpha=0.3)
+    _same_y(axes[0, :len(entries)])
     axes[0, 0].legend(fontsize=6, ncol=2)
     if kind == "rope":
         ax = axes[0, -1]
         x, values = rope_rotation_only(entries[0], num_positions)
         ax.plot(x, values.numpy(), "k-", lw=1)
-        ax.set_title(f"rotation alone: mean_p cos((j − i)·θ_p), base {entries[0]['module'].base:g}", fontsize=8)
+        ax.set_title(f"the rotation alone (another quantity): mean_p cos((j − i)·θ_p), base "
+                     f"{entries[0]['module'].base:g}", fontsize=8)
         ax.set_xlabel("distance j − i", fontsize=7)
+        ax.set_ylabel("cosine", fontsize=7)
         ax.tick_params(labelsize=6)
         ax.grid(alpha=0.3)
     note = "" if train_max_len is None else "; dashed: the largest distance within a training sentence"
-    fig.suptitle(f"{label}: {ATTENTION_TITLES[kind]}{note}", fontsize=9)
+    fig.suptitle(f"{_named(label, model)}: {ATTENTION_TITLES[kind]}{note}", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     return [save_figure(fig, os.path.join(out, f"{label}_{kind}.png"))]
 
@@ -652,6 +694,16 @@ def neighbour_similarity(vectors):
     import torch
 
     return torch.nn.functional.cosine_similarity(vectors[:-1].double(), vectors[1:].double(), dim=-1)
+
+
+def neighbour_angle(vectors):
+    """(N, d) -> (N−1,): the angle between p_i and p_{i+1}, degrees (0: the same direction)."""
+    import torch
+
+    return torch.rad2deg(torch.arccos(neighbour_similarity(vectors).clamp(-1, 1)))
+
+
+NEIGHBOURS = "angle between p_i and p_{i+1} (degrees)"
 
 
 def headline(model, num_positions):
@@ -667,15 +719,15 @@ def headline(model, num_positions):
         dim = flow["biases"].size(-1)
         embed = model.encoder.embed_positions
         ref = sinusoid(num_positions, dim, module=embed if _is_sinusoid(embed) else None)
-        neighbours = torch.stack([neighbour_similarity(flow["biases"][:, j]) for j in range(flow["biases"].size(1))])
+        neighbours = torch.stack([neighbour_angle(flow["biases"][:, j]) for j in range(flow["biases"].size(1))])
         x = list(range(num_positions - 1))
         blocks = f"{len(pooled)} blocks" if len(pooled) > 1 else "block 1"
         return dict(kind="FLOATER", sim=torch.stack(list(pooled.values())).mean(0),
                     title=f"biases b(t_i), mean over q, k, v and {blocks}", origin=0, axis="position",
                     side="source",
                     profile=[(x, neighbours.mean(0), f"FLOATER (mean of {neighbours.size(0)} projections)", "-"),
-                             (x, neighbour_similarity(ref), f"sinusoid, d = {dim}", "--")],
-                    px="position i", py="cos(p_i, p_{i+1})")
+                             (x, neighbour_angle(ref), f"sinusoid, d = {dim}", "--")],
+                    ptitle="how far each position turns from the last", px="position i", py=NEIGHBOURS)
     if kind == "relative":
         tables = [t for t in relative_tables(model) if t["name"].startswith("encoder")] or relative_tables(model)
         k = tables[0]["k"]
@@ -690,7 +742,8 @@ def headline(model, num_positions):
         return dict(kind="Shaw relative", sim=torch.stack([relative_similarity(t) for t in layers]).mean(0),
                     title=f"{side} {first}: similarity between distances,\nmean over heads and {len(layers)} layers",
                     origin=-k, axis="distance", side=None, profile=profile,
-                    px="clipped distance j − i", py=f"L2 norm ({side}: mean over heads, layers)")
+                    ptitle=f"norm of each distance's vector, {side}", px="clipped distance j − i",
+                    py="L2 norm (mean over heads, layers)")
     if kind in ATTENTION_TITLES:
         entry = attention_schemes(model)[0]  # the encoder's
         x, values, ylabel = attention_lines(model, entry, num_positions)
@@ -698,7 +751,8 @@ def headline(model, num_positions):
         title = textwrap.fill(f"{entry['part']}: {ATTENTION_TITLES[kind].split(', ', 1)[-1]}", 44)
         return dict(kind=kind, lines=lines, title=title,
                     axis="distance j − i", ylabel=ylabel, side=None,
-                    profile=[(x, values.mean(0), "mean over heads", "-")], px="distance j − i", py=ylabel)
+                    profile=[(x, values.mean(0), "mean over heads", "-")], ptitle="the same, mean over heads",
+                    px="distance j − i", py=ylabel)
     if kind in ("learned", "sinusoidal"):
         e = absolute_embeddings(model)[0]
         module = e["module"]
@@ -709,59 +763,68 @@ def headline(model, num_positions):
             ref = sinusoid(num_positions, dim)
             return dict(kind="learned absolute", sim=cosine_similarity(rows), title=f"{e['part']} learned table",
                         origin=0, axis="position", side="source",
-                        profile=[(list(range(rows.size(0) - 1)), neighbour_similarity(rows), "learned table", "-"),
-                                 (everywhere, neighbour_similarity(ref), f"sinusoid, d = {dim}", "--")],
-                        px="position i", py="cos(p_i, p_{i+1})")
+                        profile=[(list(range(rows.size(0) - 1)), neighbour_angle(rows), "learned table", "-"),
+                                 (everywhere, neighbour_angle(ref), f"sinusoid, d = {dim}", "--")],
+                        ptitle="how far each position turns from the last", px="position i", py=NEIGHBOURS)
         rows = sinusoid(num_positions, dim, module=module)
         return dict(kind="sinusoidal", sim=cosine_similarity(rows), title=f"{e['part']} sinusoid, d = {dim}",
                     origin=0, axis="position", side="source",
-                    profile=[(everywhere, neighbour_similarity(rows), f"sinusoid, d = {dim}", "--")],
-                    px="position i", py="cos(p_i, p_{i+1})")
+                    profile=[(everywhere, neighbour_angle(rows), f"sinusoid, d = {dim}", "--")],
+                    ptitle="how far each position turns from the last", px="position i", py=NEIGHBOURS)
     return None
 
 
 def compare_figure(models, labels, num_positions, train_max_len, out):
+    """One column per checkpoint: its scheme's headline picture (top) and a profile (bottom), each panel titled
+    with what it shows; panels that show the same quantity share their y range (the angle between neighbouring
+    positions from 0 degrees; the logit terms of schemes inside attention), the others keep their own; each heatmap
+    its own colour bar."""
     plt = _pyplot()
-    shown = [(label, headline(model, num_positions)) for label, model in zip(labels, models)]
-    fig, axes = plt.subplots(2, len(shown), figsize=(3.8 * len(shown) + 0.8, 6.8), squeeze=False,
-                             gridspec_kw=dict(height_ratios=(3, 2), wspace=0.45, hspace=0.45))
-    image = None
-    for c, (label, h) in enumerate(shown):
+    shown = [(label, model, headline(model, num_positions)) for label, model in zip(labels, models)]
+    fig, axes = plt.subplots(2, len(shown), figsize=(4.2 * len(shown), 7.4), squeeze=False,
+                             gridspec_kw=dict(height_ratios=(3, 2), wspace=0.5, hspace=0.55))
+    same = {}  # quantity -> the axes that show it
+    for c, (label, model, h) in enumerate(shown):
         top, bottom = axes[0, c], axes[1, c]
+        name = f"{label} ({h['kind'] if h else 'no position encoding'}), {budget(model)}"
         if h is None:
-            top.set_title(f"{label}: no position encoding", fontsize=8)
+            top.set_title(name, fontsize=8)
             top.axis("off")
             bottom.axis("off")
             continue
         mark = _mark_for(h["side"], train_max_len) if h["side"] else None
         if "lines" in h:  # a scheme inside attention: its logit term by distance, one line per head
-            for x, y, name, style in h["lines"]:
-                top.plot(x, y.numpy(), style, lw=1, label=name)
-            top.set_title(f"{label} ({h['kind']})\n{h['title']}", fontsize=8)
+            for x, y, line, style in h["lines"]:
+                top.plot(x, y.numpy(), style, lw=0.9, alpha=0.8, label=line)
+            top.set_title(f"{name}\n{h['title']}", fontsize=8)
             top.set_xlabel(h["axis"], fontsize=7)
             top.set_ylabel(h["ylabel"], fontsize=7)
             top.tick_params(labelsize=6)
             top.grid(alpha=0.3)
             top.legend(fontsize=6, ncol=2)
+            same.setdefault(h["ylabel"], []).append(top)
         else:
-            image = _heatmap(top, h["sim"], f"{label} ({h['kind']})\n{h['title']}", mark, extent_from=h["origin"],
+            image = _heatmap(top, h["sim"], f"{name}\n{h['title']}", mark, extent_from=h["origin"],
                              axis_label=h["axis"])
-        for x, y, name, style in h["profile"]:
-            bottom.plot(x, y.numpy() if hasattr(y, "numpy") else y, style, lw=1.2, label=name)
+            bar = fig.colorbar(image, ax=top, fraction=0.046, pad=0.03)  # beside its own heatmap
+            bar.set_label("cosine similarity", fontsize=7)
+            bar.ax.tick_params(labelsize=6)
+        for x, y, line, style in h["profile"]:
+            bottom.plot(x, y.numpy() if hasattr(y, "numpy") else y, style, lw=1.2, label=line)
         if mark is not None:
             bottom.axvline(mark - 0.5, color="k", lw=0.8, ls=":")
         bottom.ticklabel_format(axis="y", useOffset=False)
-        low, high = bottom.get_ylim()
-        if high - low < 0.01:  # a flat line (the sinusoid's neighbours): show it flat, not magnified noise
-            middle = (low + high) / 2
-            bottom.set_ylim(middle - 0.01, middle + 0.01)
+        if h["py"] == NEIGHBOURS:
+            bottom.set_ylim(bottom=0)
+        bottom.set_title(h["ptitle"], fontsize=8)
         bottom.set_xlabel(h["px"], fontsize=7)
         bottom.set_ylabel(h["py"], fontsize=7)
         bottom.tick_params(labelsize=6)
         bottom.grid(alpha=0.3)
         bottom.legend(fontsize=6)
-    if image is not None:
-        _colorbar(fig, image, axes[0])
+        same.setdefault(h["py"], []).append(bottom)
+    for group in same.values():
+        _same_y(group)
     note = _marker_note(train_max_len).replace("dashed", "dashed (dotted below)")
     fig.suptitle(f"What each position scheme learned (encoder side){note}", fontsize=9)
     return [save_figure(fig, os.path.join(out, "compare.png"))]

@@ -10,6 +10,8 @@
       --ref data/.../raw/test.de --train-log RUN/train.log --out RUNS/transformer.seed1.json [--meta k=v ...]
   # every run JSON in RUNS -> table.md (+ summary.json); runs missing from MODELS x SEEDS mark it partial
   scripts/study.py table --runs RUNS --models "transformer relative" --seeds "1 2 3" --out OUT_DIR
+  # what the recipe tabulates: MODELS and SEEDS and every finished run in RUNS (two lines: models, seeds)
+  scripts/study.py every-run --runs RUNS --models "rope" --seeds "1 2 3"
   # validation loss against updates, one line per run
   scripts/study.py plot --runs RUNS --out OUT_DIR/valid_loss.png
   # a finished run trained again (its checkpoints were lost): one line on how it compares with the record
@@ -22,6 +24,12 @@ from tooling import study
 
 def decide(args):
     print(study.decide(args.model, args.seed, args.models.split(), args.out, args.run_dir, args.recipe))
+
+
+def every_run(args):
+    models, seeds = study.every_run(args.runs, args.models.split(), args.seeds.split())
+    print(" ".join(models))
+    print(" ".join(map(str, seeds)))
 
 
 def plan(args):
@@ -66,6 +74,10 @@ def main():
     p.add_argument("--runs", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--title", default="validation loss")
+    e = sub.add_parser("every-run")
+    e.add_argument("--runs", required=True)
+    e.add_argument("--models", required=True)
+    e.add_argument("--seeds", required=True)
     pl = sub.add_parser("plan")
     pl.add_argument("--models", required=True)
     pl.add_argument("--seeds", required=True)
@@ -78,7 +90,7 @@ def main():
     d.add_argument("--recipe", required=True, help="the recipe string every result records")
     args = ap.parse_args()
     {"run-result": study.run_result, "table": study.table, "plot": study.plot, "updates": study.updates,
-     "retrain-note": study.retrain_note, "plan": plan, "decide": decide}[args.cmd](args)
+     "retrain-note": study.retrain_note, "every-run": every_run, "plan": plan, "decide": decide}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """scripts/recipes/multi30k_study.sh end to end on a synthetic Multi30k-shaped slice (never skips): two models, two
 seeds, one epoch of a tiny model, the FLOATER warm start from each seed's transformer, the table with mean ± std
-and paired bootstrap p-values; a rerun retrains nothing. And the literature's tokenized lowercased BLEU against
-a hand computation from n-gram counts."""
+and paired bootstrap p-values; a rerun retrains nothing; a run of a few models keeps every finished run in the
+table. The literature's tokenized lowercased BLEU against a hand computation from n-gram counts, and the paired
+bootstrap over seeds and sentences (scripts/tooling/bootstrap.py) against a naive one."""
 import fcntl
 import json
 import math
@@ -10,11 +11,13 @@ import shutil
 import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 import sacrebleu
 
 from conftest import REPO, run
 
+from tooling import bootstrap, study as study_tool
 from tooling.bleu import tokenized_bleu
 
 TINY = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 "
@@ -74,12 +77,18 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
             if r.startswith("| transformer") or r.startswith("| floater_warm")}
     assert rows["transformer"][0] == rows["floater_warm"][0] == "2/2"
     assert re.fullmatch(r"\d+\.\d\d ± \d+\.\d\d", rows["transformer"][1])
-    # pooled p, then one per seed
-    assert re.fullmatch(r"(<0\.001|[01]\.\d{3}) \((<0\.001|[01]\.\d{3}), (<0\.001|[01]\.\d{3})\)", rows["floater_warm"][4])
+    # the interval and p over seeds and sentences, then the sentence-only p of the seeds together and of each
+    p = r"(<0\.001|[01]\.\d{3})"
+    assert re.fullmatch(r"\[[-+]\d+\.\d\d, [-+]\d+\.\d\d\]", rows["floater_warm"][4])
+    assert re.fullmatch(p, rows["floater_warm"][5])
+    assert re.fullmatch(rf"{p} \({p}, {p}\)", rows["floater_warm"][6])
     assert "FLOATER > sinusoidal, paper's protocol" in table
     summary = json.loads((results / "summary.json").read_text())
     cmp = summary["models"]["floater_warm"]["vs_transformer"]
-    assert cmp["seeds"] == [1, 2] and all(0 < p <= 1 for p in cmp["pooled_p"].values())
+    assert cmp["seeds"] == [1, 2]
+    for key, test in cmp["bootstrap"].items():
+        assert 0 < test["p"] <= 1 and 0 < test["p_sentences"] <= 1 and test["ci"][0] <= test["ci"][1]
+        assert test["effect"] == pytest.approx(cmp["delta"][key], abs=0.01)  # the table's Δ, of rounded scores
     assert (results / "valid_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.rglob("*.tmp")), "no temporary file is left behind"
 
@@ -151,6 +160,22 @@ def test_any_scheme_of_the_table_runs_by_name(corpus, tmp_path):
         if row.startswith(("| transformer", "| rope", "| learned")):
             assert row in wider
 
+    # a run of one model into the shared directory (here: done, so skipped) tabulates every finished run, not
+    # its MODELS alone; in one order whoever ran last (the recipe's models, then the table of schemes')
+    out = study(corpus, tmp_path, MODELS="rope", SEEDS="1").stdout
+    assert ": skipped (done" in out and ": training " not in out
+    alone = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+    assert "PARTIAL" not in alone
+    assert [r.split(" | ")[0] for r in alone.splitlines() if re.match(r"\| \w+ \| \d+/\d+ \|", r)] == [
+        "| transformer", "| learned", "| rope"]
+    for row in table.splitlines():
+        if row.startswith(("| transformer", "| rope", "| learned")):
+            assert row in alone
+    # PARTIAL counts against every model with a run (and the seeds asked for)
+    study(corpus, tmp_path, MODELS="rope", SEEDS="1 2", TABLES_ONLY="1")
+    assert "**PARTIAL: 3 of 6 runs done** (seeds done: transformer 1/2, learned 1/2, rope 1/2)" in (
+        tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+
 
 def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpus, tmp_path):
     """Checkpoints stay on the machine that trained them. In a new session (no checkpoints, the results kept) a
@@ -182,6 +207,9 @@ def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpu
     vs = summary["models"]["transformer_ft"]["vs_transformer"]
     assert vs["delta"]["bleu_tok_lc"] == pytest.approx(ft["bleu_tok_lc"] - again["bleu_tok_lc"])
     assert vs["retrained_seeds"] == [1]
+    one = vs["bootstrap"]["bleu_tok_lc"]  # one seed: no variance over seeds to speak of
+    assert one["ci"] is None and one["p"] is None and one["note"] == bootstrap.ONE_SEED
+    assert one["effect"] == pytest.approx(vs["delta"]["bleu_tok_lc"], abs=0.01)
     assert summary["models"]["transformer"]["bleu_tok_lc"] == [record["bleu_tok_lc"]], "the record's own row stays"
     assert "| transformer seed 1, trained again (the run its fine-tunes continued) |" in (
         tmp_path / "results" / "table.md").read_text()
@@ -321,3 +349,112 @@ def test_committed_study_tables_cover_every_committed_run():
         tabulated = {f"{m}.seed{s}" for m, row in models.items() for s in row["seeds"]}
         missing = [r for r in runs if r not in tabulated]
         assert not missing, f"{summary.relative_to(REPO)} leaves out {missing}: remake it with TABLES_ONLY=1"
+
+
+def synthetic_systems(n=40, seeds=(1, 2, 3), noise=None, seed=0):
+    """References, and per seed two systems' hypotheses: each reference with words dropped and replaced at random,
+    the model's at noise[s][0], the reference system's at noise[s][1] (default 0.2 and 0.3 on every seed)."""
+    rng = np.random.default_rng(seed)
+    vocab = "a man woman dog in the on park street red blue runs sits with ball .".split()
+    refs = [" ".join(rng.choice(vocab, rng.integers(4, 12))) for _ in range(n)]
+    noise = noise or {s: (0.2, 0.3) for s in seeds}
+
+    def noisy(p):
+        words = [[w if rng.random() > p else str(rng.choice(vocab)) for w in r.split() if rng.random() > p / 2]
+                 for r in refs]
+        return [" ".join(w) or "a" for w in words]
+
+    return refs, {s: noisy(noise[s][0]) for s in seeds}, {s: noisy(noise[s][1]) for s in seeds}
+
+
+def stats_of(systems, refs, key="bleu_tok_lc"):
+    metric = bootstrap.sentence_stats(refs, refs, key)[0]
+    return metric, {s: bootstrap.sentence_stats(h, refs, key)[1] for s, h in systems.items()}
+
+
+def naive_bleu(hyps, refs, idx):
+    """Corpus BLEU of the sentences idx (with repeats), from their text."""
+    return tokenized_bleu([hyps[i] for i in idx], [refs[i] for i in idx], lowercase=True, compounds=False).score
+
+
+def test_seed_and_sentence_bootstrap_against_a_naive_one():
+    """bootstrap.resample and compare against the same resamples done naively in float64: the drawn seeds' and
+    sentences' text, corpus BLEU recomputed from it (tooling.bleu.tokenized_bleu), one sentence draw for every
+    drawn seed and both systems."""
+    refs, model, other = synthetic_systems()
+    metric, m = stats_of(model, refs)
+    _, r = stats_of(other, refs)
+    samples = 60
+    seeds, observed, diffs, both = bootstrap.resample(m, r, metric, samples)
+    sentences, drawn = bootstrap.sentence_draws(len(refs), samples), bootstrap.seed_draws(len(seeds), samples)
+    every = range(len(refs))
+    naive_observed = [naive_bleu(model[s], refs, every) - naive_bleu(other[s], refs, every) for s in seeds]
+    assert observed == pytest.approx(naive_observed, abs=1e-9)
+    naive = np.array([np.mean([naive_bleu(model[seeds[j]], refs, sentences[b]) -
+                               naive_bleu(other[seeds[j]], refs, sentences[b]) for j in drawn[b]])
+                      for b in range(samples)])
+    assert both == pytest.approx(naive, abs=1e-9)
+    assert len(set(map(tuple, drawn))) > 1 and len({tuple(sorted(d)) for d in drawn}) > 1, "seeds are resampled"
+
+    result = bootstrap.compare(m, r, metric, samples)
+    # the point estimate is the tables' Δ: the mean per-seed difference on all sentences
+    assert result["effect"] == pytest.approx(np.mean(naive_observed), abs=1e-9)
+    assert result["ci"] == pytest.approx(list(np.quantile(naive, [0.025, 0.975])), abs=1e-9)
+    far = np.abs(naive - naive.mean()) >= abs(np.mean(naive_observed))
+    assert result["p"] == pytest.approx((far.sum() + 1) / (samples + 1))
+    # sacreBLEU's statistics too: their sum is sacrebleu's corpus BLEU
+    sac, stats = bootstrap.sentence_stats(model[1], refs, "bleu")
+    assert bootstrap.score(sac, stats.sum(0)) == pytest.approx(sacrebleu.corpus_bleu(model[1], [refs]).score,
+                                                               abs=1e-9)
+
+
+def test_bootstrap_of_identical_systems_and_of_one_seed():
+    refs, model, other = synthetic_systems()
+    metric, m = stats_of(model, refs)
+    _, r = stats_of(other, refs)
+    same = bootstrap.compare(m, m, metric, samples=200)
+    assert same["effect"] == 0 and same["p"] == 1 and same["p_sentences"] == 1
+    assert set(same["p_per_seed"].values()) == {1.0} and same["ci"] == [0.0, 0.0] and bootstrap.within_noise(same)
+    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": same}}) == "within seed noise"
+    # one seed: the variance over seeds is not estimated, and the verdict says so
+    one = bootstrap.compare({1: m[1]}, {1: r[1]}, metric, samples=200)
+    assert one["ci"] is None and one["p"] is None and one["note"] == bootstrap.ONE_SEED
+    assert 0 < one["p_sentences"] <= 1 and bootstrap.within_noise(one) is None
+    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": one}}).endswith("on one seed; seed noise not measured")
+
+
+def test_seed_noise_is_counted():
+    """A model better on two seeds and worse on the third: every seed's sentence-only test is confident, the mean
+    difference is positive, but the seeds disagree, and over seeds and sentences it is within seed noise. A model
+    better on every seed by a similar margin is beyond it."""
+    refs, model, other = synthetic_systems(n=200, noise={1: (0.05, 0.45), 2: (0.05, 0.45), 3: (0.45, 0.05)})
+    metric, m = stats_of(model, refs)
+    _, r = stats_of(other, refs)
+    mixed = bootstrap.compare(m, r, metric, samples=500)
+    assert mixed["effect"] > 5 and mixed["p_sentences"] < 0.01 and max(mixed["p_per_seed"].values()) < 0.01
+    assert mixed["ci"][0] < 0 < mixed["ci"][1] and mixed["p"] > 0.05
+    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": mixed}}) == "within seed noise"
+    refs, model, other = synthetic_systems(n=200, noise={s: (0.2, 0.35) for s in (1, 2, 3)})
+    metric, m = stats_of(model, refs)
+    _, r = stats_of(other, refs)
+    steady = bootstrap.compare(m, r, metric, samples=500)
+    assert steady["ci"][0] > 0 and steady["p"] < 0.01
+    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": steady}}) == "yes, beyond seed noise"
+
+
+def test_committed_claims_are_judged_over_seeds_and_sentences():
+    """Every committed study table judges its claims by the bootstrap over seeds and sentences (a table of the
+    sentence-only test of the pooled seeds has no such verdict), and its Δ is that bootstrap's point estimate."""
+    summaries = sorted((REPO / "results" / "multi30k_study").rglob("summary.json"))
+    assert summaries
+    for path in summaries:
+        summary = json.loads(path.read_text())
+        claims = summary["claims"] + summary.get("long_sources", {}).get("claims", [])
+        rows = [row["vs_transformer"] for row in summary["models"].values() if "vs_transformer" in row]
+        for cmp in claims + rows:
+            assert "pooled_p" not in cmp, f"{path.relative_to(REPO)}: remake it (scripts/study.py table)"
+            for key, test in cmp["bootstrap"].items():
+                assert test["effect"] == pytest.approx(cmp["delta"][key], abs=0.01), path
+                assert (test["ci"] is None) == (len(cmp["seeds"]) < 2) == (test["p"] is None), path
+        for claim in claims:
+            assert claim["verdict"] == study_tool.verdict(claim, at_least=">=" in claim["claim"]), path

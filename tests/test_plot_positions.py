@@ -240,6 +240,56 @@ def test_one_command_writes_every_figure_as_png(checkpoints, tmp_path):
             assert image.size[0] > 300 and image.size[1] > 200
 
 
+def test_compare_titles_each_panel_and_shares_an_axis_only_within_one_quantity(checkpoints, tmp_path, monkeypatch):
+    """compare.png: every panel titled with its checkpoint's budget or with what it shows; the panels of one
+    quantity on one y range (the angle between neighbouring positions from 0 degrees; T5's and ALiBi's logit
+    bias), the others on their own; one colour bar beside each heatmap, none beside a curve."""
+    _, paths = checkpoints
+    families = ["floater", "sinusoidal", "learned", "relative", "t5", "alibi", "rope"]
+    models = [pp.load_model(str(paths[f])) for f in families]
+    figures = []
+    monkeypatch.setattr(pp, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
+    with torch.no_grad():  # as main draws
+        pp.compare_figure(models, families, N, (12, 14), str(tmp_path))
+    fig, = figures
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    bars = [ax for ax in fig.axes if ax.get_ylabel() == "cosine similarity"]
+    assert len(panels) == 2 * len(families) and len(bars) == 4  # four heatmaps: FLOATER, sinusoid, learned, Shaw
+    tops = [ax for ax in panels if ax.get_title().split("\n")[0].endswith(", untrained")]
+    assert len(tops) == len(families), [ax.get_title() for ax in panels]
+    for bar in bars:  # beside a heatmap: just right of one, at its height
+        beside = [ax for ax in tops if ax.images and abs(ax.get_position().x1 - bar.get_position().x0) < 0.05]
+        assert len(beside) == 1
+    by_quantity = {}
+    for ax in panels:
+        by_quantity.setdefault(ax.get_ylabel(), []).append(ax.get_ylim())
+    angles = by_quantity[pp.NEIGHBOURS]
+    assert len(angles) == 3 and len(set(angles)) == 1 and angles[0][0] == 0
+    assert len(set(by_quantity["logit bias"])) == 1 and len(by_quantity["logit bias"]) == 4
+    norms = by_quantity["L2 norm (mean over heads, layers)"]
+    assert len(norms) == 1 and norms[0] != angles[0]
+
+
+def test_attention_figures_share_the_stacks_axis_and_name_the_budget(checkpoints, tmp_path, monkeypatch):
+    _, paths = checkpoints
+    figures = []
+    monkeypatch.setattr(pp, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
+    with torch.no_grad():
+        for family in ("rope", "relative"):
+            pp.figures(pp.load_model(str(paths[family])), f"{family}.seed1", N, None, str(tmp_path))
+    rope, relative = figures[0], figures[1]
+    assert rope._suptitle.get_text().startswith("rope.seed1 (untrained): RoPE")
+    encoder, decoder, rotation = rope.axes
+    assert encoder.get_ylim() == decoder.get_ylim() != rotation.get_ylim()
+    assert relative._suptitle.get_text().startswith("relative.seed1 (untrained): relative position vectors")
+    assert len({ax.get_ylim() for ax in relative.axes}) == 1 and len(relative.axes) == 8
+
+
+def test_neighbour_angle_is_the_angle_between_neighbouring_rows():
+    x = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0], [0.0, -1.0]])
+    assert pp.neighbour_angle(x).tolist() == pytest.approx([45.0, 45.0, 180.0])
+
+
 def test_a_missing_checkpoint_is_one_line_and_exit_2(tmp_path):
     out = tmp_path / "figures"
     proc = subprocess.run([sys.executable, "scripts/plot_positions.py", str(tmp_path / "missing.pt"),

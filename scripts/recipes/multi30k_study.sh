@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Evidence on real text: Multi30k En-De (test_2016_flickr), several seeds per model, one budget for all, paired
-# bootstrap significance against the Transformer, FLOATER by the paper's warm-start protocol.
+# bootstrap against the Transformer over seeds and test sentences, FLOATER by the paper's warm-start protocol.
 #
 #   MULTI30K_DIR=../shared/data/multi30k scripts/recipes/multi30k_study.sh  # train/val/test_2016_flickr.{en,de}
 #   JOBS=2 ... scripts/recipes/multi30k_study.sh                             # two single-threaded runs side by side
@@ -126,8 +126,8 @@ vocab=$VOCAB max_tokens=$MAX_TOKENS beam=$BEAM lenpen=$LENPEN max_train_len=${MA
 # --- the runs, in the order scripts/study.py plan gives: everything trained from scratch, then (once all of
 # those have finished) what starts from a trained transformer; JOBS of them side by side
 failed=0 phase= plan=
-# TABLES_ONLY=1: no run, only the tables and plots again from the finished runs of MODELS and SEEDS (e.g. after
-# runs of a few models at a time, each of which tabulates only its own MODELS)
+# TABLES_ONLY=1: no run, only the tables and plots again from every finished run in OUT_DIR (and MODELS and SEEDS:
+# a model or seed asked for without a run is listed as missing)
 [ -n "${TABLES_ONLY:-}" ] || plan=$(python scripts/study.py plan --models "$MODELS" --seeds "$SEEDS")
 while read -r next m s; do
   [ -n "$next" ] || continue
@@ -149,26 +149,34 @@ echo "results: $OUT/"
 
 die() { echo "multi30k_study.sh: $*" >&2; exit 1; }
 
-# The table from every finished run (after each run too, so that it is current while the study goes on).
+# The tables from every finished run (after each run too, so that they are current while the study goes on).
 tabulate() {
+  # every finished run in OUT/runs, not only MODELS and SEEDS: a run of a few models into a shared OUT_DIR must not
+  # rewrite its tables from those alone; PARTIAL counts what is missing from all of them
+  local every models seeds
+  every=$(python scripts/study.py every-run --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS") || return 1
+  models=${every%%$'\n'*} seeds=${every#*$'\n'}
   # train-short runs: the table again on the test sentences within and beyond the training lengths
   local sentences split=()
   [ -z "$MAX_TRAIN_LEN" ] || split=(--split-src "$DATA/raw/test.$SRC" --split-at "$MAX_TRAIN_LEN")
   sentences=$(awk 'END { print NR }' "$DATA/raw/test.$TGT")
-  python scripts/study.py table --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
+  python scripts/study.py table --runs "$OUT/runs" --models "$models" --seeds "$seeds" --pair "$PAIR" \
     --sentences "$sentences" --out "$OUT" \
     --source-dependence "$OUT/source_dependence" "${split[@]}" ${split:+--split-note "longer than any training sentence"}
   [ ! -d "$OUT" ] || python scripts/result_paths.py "$OUT" > /dev/null  # older code wrote absolute paths
   if compgen -G "$OUT/runs/*.json" > /dev/null; then
-    python scripts/study.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" \
-      --title "Multi30k $SRC-$TGT: validation loss (${MAX_TRAIN_LEN:+train <= $MAX_TRAIN_LEN words, }one line per seed)"
+    local ft=
+    ! compgen -G "$OUT/runs/floater_warm.seed*.json" > /dev/null && ! compgen -G "$OUT/runs/transformer_ft.seed*.json" \
+      > /dev/null || ft=" (fine-tunes: $FT_EPOCHS more)"
+    python scripts/study.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" --title "Multi30k $SRC-$TGT, $EPOCHS \
+epochs$ft, warm-up $WARMUP${MAX_TRAIN_LEN:+, trained on <= $MAX_TRAIN_LEN words}: validation loss, one panel per model, one line per seed"
   fi
   [ -n "$MAX_TRAIN_LEN" ] || return 0
   # BLEU by source length: every finished run, and the same model and seed trained on all lengths with this
   # recipe (ALL_LENGTHS_RUNS: the study's results without MAX_TRAIN_LEN), which saw the long buckets in training
   local all_lengths=${ALL_LENGTHS_RUNS:-$(dirname "$OUT")/runs} m s name other inputs=() compared=0 differ=0
-  for m in $MODELS; do
-    for s in $SEEDS; do
+  for m in $models; do
+    for s in $seeds; do
       name=$m.seed$s
       [ -s "$OUT/runs/$name.json" ] || continue
       length_score "$OUT/runs/$name.hyp" "$m" "$name" "$OUT/runs/$name.length.json"
@@ -189,7 +197,7 @@ tabulate() {
   done
   (( ${#inputs[@]} )) || return 0
   if (( compared && !differ )); then  # the references' own table, split at the same length
-    python scripts/study.py table --runs "$all_lengths" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
+    python scripts/study.py table --runs "$all_lengths" --models "$models" --seeds "$seeds" --pair "$PAIR" \
       --sentences "$sentences" --out "$OUT/all_lengths" \
       --source-dependence "$(dirname "$all_lengths")/source_dependence" \
       --ref "$DATA/raw/test.$TGT" "${split[@]}" --split-note "seen in training" > /dev/null

@@ -45,11 +45,26 @@ def prepare(line, lowercase=False, compounds=True):
     return split_compounds(text) if compounds else text
 
 
+def tokenized_metric():
+    """The sacrebleu BLEU that scores prepared text: no tokenization of its own."""
+    return sacrebleu.metrics.BLEU(tokenize="none", force=True)  # tokenized on purpose: no "forgot to detokenize?"
+
+
 def tokenized_bleu(hypotheses, references, lowercase=False, compounds=True):
     """sacrebleu BLEUScore of the prepared hypotheses against one prepared reference per sentence."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    bleu = sacrebleu.metrics.BLEU(tokenize="none", force=True)  # tokenized on purpose: no "forgot to detokenize?"
-    return bleu.corpus_score([prepare(h, lowercase, compounds) for h in hypotheses],
-                             [[prepare(r, lowercase, compounds) for r in references]])
+    return tokenized_metric().corpus_score([prepare(h, lowercase, compounds) for h in hypotheses],
+                                           [[prepare(r, lowercase, compounds) for r in references]])
+
+
+def tokenized_stats(hypotheses, references, lowercase=False, compounds=True):
+    """tokenized_bleu's per-sentence sufficient statistics, one row per sentence in sacrebleu's layout (hypothesis
+    length, reference length, n-gram matches for n = 1..4, n-gram totals for n = 1..4): the sum of any rows,
+    through tokenized_metric()._compute_score_from_stats, is the corpus BLEU of those sentences (what
+    tokenized_bleu computes from the sum of all of them)."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    return tokenized_metric()._extract_corpus_statistics([prepare(h, lowercase, compounds) for h in hypotheses],
+                                                         [[prepare(r, lowercase, compounds) for r in references]])
 

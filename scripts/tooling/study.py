@@ -6,12 +6,13 @@ Decisions: which runs, in which order (`plan`: from scratch first, then the fine
 and what to do with each (`decide`: run, skip, or train a finished transformer again because its checkpoints are
 not on this machine and a fine-tune of its seed needs them; a result made with another recipe is an error).
 
-Results: one JSON per (model, seed) run (`run_result`), the table with mean ± std and paired bootstrap
-p-values (`table`), the validation-loss curves (`plot`). Two BLEU scores per run: sacreBLEU (cased, detokenized,
-with its signature) and the Multi30k literature's tokenized BLEU (13a tokens, lowercased, BLEU on tokens:
-scripts/tokenized_bleu.py --lowercase --no-compound-split). Significance: sacrebleu's paired bootstrap resampling
-(1,000 resamples, seed 12345), per seed (seed s of one model against seed s of the other) and pooled (the seeds'
-test sets concatenated).
+Results: one JSON per (model, seed) run (`run_result`), the table with mean ± std, the mean per-seed difference
+to the reference model with its 95% interval and p-values (`table`), the validation-loss curves (`plot`). Two BLEU
+scores per run: sacreBLEU (cased, detokenized, with its signature) and the Multi30k literature's tokenized BLEU (13a
+tokens, lowercased, BLEU on tokens: scripts/tokenized_bleu.py --lowercase --no-compound-split). Significance:
+tooling/bootstrap.py, a paired bootstrap of the mean per-seed difference over seeds and test sentences (2,000
+resamples, seed 12345); beside it the same over the test sentences alone, for the seeds together and each alone.
+Which models a recipe's table covers: `every_run` (the models and seeds asked for and every finished run).
 """
 import json
 import os
@@ -19,21 +20,22 @@ import re
 import shutil
 import statistics
 import sys
+import textwrap
 
 import sacrebleu
-from sacrebleu.significance import PairedTest
 
+from tooling import bootstrap
 from tooling.atomic import save_figure, write_atomic, write_json, write_text
-from tooling.bleu import METHOD_LOWERCASE, prepare, tokenized_bleu
+from tooling.bleu import METHOD_LOWERCASE, tokenized_bleu
 from tooling.paths import locate, portable
 
-ALPHA = 0.05
+LEVEL_PCT = f"{bootstrap.LEVEL:.0%}"
 RUN_FILE = re.compile(r"\w+\.seed\d+\.json")  # one run's result: MODEL.seedS.json
 # a finished transformer trained again for its seed's fine-tunes (its checkpoints were on another machine):
 # MODEL.seedS.retrained.json, the run the fine-tunes continued, which can differ from the recorded one
 RETRAINED_FILE = re.compile(r"(\w+)\.seed(\d+)\.retrained\.json")
 RETRAINED = "{} trained again"  # its key in load_runs: (RETRAINED.format(model), seed)
-SAMPLES = 1000
+SAMPLES = bootstrap.SAMPLES
 # The papers' claims, as (claim, model, reference model): "model > reference" is what the paper reports; every
 # other scheme of the table gets its own row against the Transformer (claims()).
 CLAIMS = [
@@ -158,6 +160,32 @@ def load_runs(runs_dir, retrained=False):
     return runs
 
 
+# the recipe's default MODELS: every table lists them first, in this order (every_run)
+STUDY_MODELS = ("transformer", "relative", "floater", "floater_warm", "transformer_ft")
+
+
+def every_run(runs_dir, models, seeds):
+    """(models, seeds) a recipe's table covers: those asked for and those of every finished run in runs_dir
+    (MODEL.seedS.json), so that a run of a few models into a shared directory does not rewrite its table from
+    those alone. One order whoever asks: STUDY_MODELS, then the table of schemes' order, then by name; seeds
+    ascending."""
+    found = set()
+    if os.path.isdir(runs_dir):
+        for name in os.listdir(runs_dir):
+            m = re.fullmatch(r"(\w+)\.seed(\d+)\.json", name)
+            if m and os.path.getsize(os.path.join(runs_dir, name)) > 0:
+                found.add((m.group(1), int(m.group(2))))
+    every = set(models) | {m for m, _ in found}
+    order = list(STUDY_MODELS)
+    if every - set(order):  # only then import the plugins (torch) for the table of schemes
+        from fairseq_plugins.modules.position_schemes import MODELS
+
+        order += [m for m in MODELS if m not in order]
+    rank = {m: i for i, m in enumerate(order)}
+    return (sorted(every, key=lambda m: (rank.get(m, len(rank)), m)),
+            sorted({int(s) for s in seeds} | {s for _, s in found}))
+
+
 def reference_run(runs, model, ref_model, seed):
     """The key of the run that model's seed is compared with: a fine-tune is compared with the transformer it
     continued, the retrained one where the recorded run's checkpoints were not on the machine."""
@@ -165,32 +193,35 @@ def reference_run(runs, model, ref_model, seed):
     return again if model in FINE_TUNES and again in runs else (ref_model, seed)
 
 
-def paired_p(refs, base_hyps, sys_hyps):
-    """Paired bootstrap p-values of the difference, sacreBLEU and tokenized lowercased BLEU."""
-    out = {}
-    tok = [lambda h: h, lambda h: prepare(h, lowercase=True, compounds=False)]
-    metrics = [sacrebleu.metrics.BLEU(), sacrebleu.metrics.BLEU(tokenize="none", force=True)]
-    for key, prep, metric in zip(("bleu", "bleu_tok_lc"), tok, metrics):
-        test = PairedTest([("base", [prep(h) for h in base_hyps]), ("sys", [prep(h) for h in sys_hyps])],
-                          {"BLEU": metric}, [[prep(r) for r in refs]], test_type="bs", n_samples=SAMPLES)
-        _, scores = test()
-        out[key] = scores["BLEU"][1].p_value
-    return out
+def run_stats(run, refs, key):
+    """The run's per-sentence BLEU statistics for metric key (kept with the run: a run is scored once)."""
+    cache = run.setdefault("_stats", {})
+    if key not in cache:
+        cache[key] = bootstrap.sentence_stats(run["_hyps"], refs, key)
+    return cache[key]
 
 
 def compare(runs, model, ref_model, seeds):
-    """Per-seed and pooled paired bootstrap of model against ref_model on the seeds both have."""
+    """model against ref_model on the seeds both have, seed s against seed s: the mean per-seed difference
+    (delta: of the runs' recorded scores, as the table shows them) and, per metric, tooling/bootstrap.py's paired
+    bootstrap of it over seeds and sentences, beside the sentence-only p's."""
     common = [s for s in seeds if (model, s) in runs and (ref_model, s) in runs]
     if not common:
         return None
+    done = runs[(model, common[0])].setdefault("_compared", {})  # a model row and a claim row ask alike
+    if (ref_model, tuple(common)) in done:
+        return done[(ref_model, tuple(common))]
     base = {s: runs[reference_run(runs, model, ref_model, s)] for s in common}
     refs = base[common[0]].get("_refs") or read_lines(locate(base[common[0]]["reference"]))
-    per_seed = {s: paired_p(refs, base[s]["_hyps"], runs[(model, s)]["_hyps"]) for s in common}
-    pooled = paired_p(refs * len(common), sum((base[s]["_hyps"] for s in common), []),
-                      sum((runs[(model, s)]["_hyps"] for s in common), []))
+    tests = {}
+    for key in bootstrap.METRICS:
+        metric = run_stats(runs[(model, common[0])], refs, key)[0]
+        tests[key] = bootstrap.compare({s: run_stats(runs[(model, s)], refs, key)[1] for s in common},
+                                       {s: run_stats(base[s], refs, key)[1] for s in common}, metric)
     delta = {k: statistics.mean(runs[(model, s)][k] - base[s][k] for s in common) for k in ("bleu", "bleu_tok_lc")}
     again = [s for s in common if reference_run(runs, model, ref_model, s) != (ref_model, s)]
-    return {"seeds": common, "per_seed_p": per_seed, "pooled_p": pooled, "delta": delta, "retrained_seeds": again}
+    done[(ref_model, tuple(common))] = {"seeds": common, "delta": delta, "bootstrap": tests, "retrained_seeds": again}
+    return done[(ref_model, tuple(common))]
 
 
 def restrict(runs, split_src, split_at, longer):
@@ -207,7 +238,8 @@ def restrict(runs, split_src, split_at, longer):
         if len(src) != len(refs):
             fail(f"--split-src {split_src} has {len(src)} lines for {len(refs)} in {run['reference']}")
         hyps, sub_refs = [run["_hyps"][i] for i in keep], [refs[i] for i in keep]
-        out[key] = {**run, "_hyps": hyps, "_refs": sub_refs,
+        kept = {k: v for k, v in run.items() if k not in ("_stats", "_compared")}  # of all the sentences
+        out[key] = {**kept, "_hyps": hyps, "_refs": sub_refs,
                     "bleu": round(sacrebleu.corpus_bleu(hyps, [sub_refs]).score, 2),
                     "bleu_tok_lc": round(tokenized_bleu(hyps, sub_refs, lowercase=True, compounds=False).score, 2)}
     return out, len(keep)
@@ -225,13 +257,30 @@ def fmt_p(p):
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
+def fmt_ci(ci):
+    return "–" if ci is None else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"
+
+
+def fmt_opt_p(p):
+    return "–" if p is None else fmt_p(p)
+
+
 def verdict(cmp, key="bleu_tok_lc", at_least=False):
-    d, p = cmp["delta"][key], cmp["pooled_p"][key]
-    if d > 0:
-        return "yes, significant" if p < ALPHA else "same direction, not significant"
-    if at_least and p >= ALPHA:
-        return "yes (not significantly worse)"
-    return "no, reversed (significant)" if p < ALPHA else "no (not significant)"
+    """What the claim "model > reference" (at_least: ">=") comes to on these seeds: beyond seed noise where the
+    95% interval over seeds and sentences excludes 0, within seed noise where it includes 0; one seed cannot
+    tell (its variance over seeds is not estimated)."""
+    test = cmp["bootstrap"][key]
+    noise = bootstrap.within_noise(test)
+    ahead, behind = test["effect"] > 0, test["effect"] < 0
+    if noise is None:
+        way = "same direction" if ahead else "reversed" if behind else "no difference"
+        return f"{way} on one seed; seed noise not measured"
+    if noise:
+        return "yes (within seed noise: not worse)" if at_least else \
+            f"within seed noise{' (reversed)' if behind else ''}"
+    if ahead:
+        return "yes, beyond seed noise"
+    return "no, worse beyond seed noise" if at_least else "no, reversed beyond seed noise"
 
 
 def per_run_lines(runs, models, seeds, dep_dir, summary):
@@ -263,22 +312,22 @@ def per_run_lines(runs, models, seeds, dep_dir, summary):
 
 
 def model_rows(runs, models, seeds, baseline, summary_models):
-    lines = ["| model | seeds | BLEU tok-lc | sacreBLEU | Δ tok-lc vs " + baseline + " | p tok-lc | p sacreBLEU |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"| model | seeds | BLEU tok-lc | sacreBLEU | Δ tok-lc vs {baseline} | {LEVEL_PCT} CI, seeds + sentences | "
+             "p, seeds + sentences | p, sentences only (per seed) |", "|---|---|---|---|---|---|---|---|"]
     for m in models:
         have = [s for s in seeds if (m, s) in runs]
         tok = [runs[(m, s)]["bleu_tok_lc"] for s in have]
         sac = [runs[(m, s)]["bleu"] for s in have]
         entry = {"seeds": have, "bleu_tok_lc": tok, "bleu": sac}
-        cells = [m, f"{len(have)}/{len(seeds)}", mean_std(tok), mean_std(sac), "", "", ""]
+        cells = [m, f"{len(have)}/{len(seeds)}", mean_std(tok), mean_std(sac), "", "", "", ""]
         if m != baseline and have:
             cmp = compare(runs, m, baseline, seeds)
             if cmp:
                 entry["vs_" + baseline] = cmp
-                per = lambda k: ", ".join(fmt_p(cmp["per_seed_p"][s][k]) for s in cmp["seeds"])  # noqa: E731
-                cells[4] = f"{cmp['delta']['bleu_tok_lc']:+.2f}"
-                cells[5] = f"{fmt_p(cmp['pooled_p']['bleu_tok_lc'])} ({per('bleu_tok_lc')})"
-                cells[6] = f"{fmt_p(cmp['pooled_p']['bleu'])} ({per('bleu')})"
+                test = cmp["bootstrap"]["bleu_tok_lc"]
+                per = ", ".join(fmt_p(test["p_per_seed"][s]) for s in cmp["seeds"])
+                cells[4:] = [f"{cmp['delta']['bleu_tok_lc']:+.2f}", fmt_ci(test["ci"]), fmt_opt_p(test["p"]),
+                             f"{fmt_p(test['p_sentences'])} ({per})"]
         summary_models[m] = entry
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -297,21 +346,23 @@ def claims(models, baseline="transformer"):
 
 
 def claim_rows(runs, models, seeds, summary_claims, suffix=""):
-    lines = ["| claim | seeds | Δ tok-lc | p tok-lc | Δ sacreBLEU | p sacreBLEU | reproduces here? |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"| claim | seeds | Δ tok-lc | {LEVEL_PCT} CI, seeds + sentences | p, seeds + sentences | "
+             "p, sentences only | Δ sacreBLEU | p sacreBLEU, seeds + sentences | reproduces here? |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for claim, m, ref in claims(models):
         if m not in models or ref not in models:
             continue
         claim += suffix
         cmp = compare(runs, m, ref, seeds)
         if cmp is None:
-            lines.append(f"| {claim} | 0 | | | | | not run yet |")
+            lines.append(f"| {claim} | 0 | | | | | | | not run yet |")
             continue
         v = verdict(cmp, at_least=">=" in claim)
         summary_claims.append({"claim": claim, "model": m, "reference": ref, "verdict": v, **cmp})
-        lines.append(f"| {claim} | {len(cmp['seeds'])} | {cmp['delta']['bleu_tok_lc']:+.2f} | "
-                     f"{fmt_p(cmp['pooled_p']['bleu_tok_lc'])} | {cmp['delta']['bleu']:+.2f} | "
-                     f"{fmt_p(cmp['pooled_p']['bleu'])} | {v} |")
+        tok, sac = cmp["bootstrap"]["bleu_tok_lc"], cmp["bootstrap"]["bleu"]
+        lines.append(f"| {claim} | {len(cmp['seeds'])} | {cmp['delta']['bleu_tok_lc']:+.2f} | {fmt_ci(tok['ci'])} | "
+                     f"{fmt_opt_p(tok['p'])} | {fmt_p(tok['p_sentences'])} | {cmp['delta']['bleu']:+.2f} | "
+                     f"{fmt_opt_p(sac['p'])} | {v} |")
     return lines
 
 
@@ -335,8 +386,13 @@ def table(args):
         per_model = ", ".join(f"{m} {sum((m, s) in runs for s in seeds)}/{len(seeds)}" for m in models)
         lines += [f"**PARTIAL: {len(done)} of {len(expected)} runs done** (seeds done: {per_model}).", ""]
     lines += [f"Multi30k {args.pair} test_2016_flickr ({args.sentences} sentences); mean ± std over seeds. "
-              f"tok-lc: {METHOD_LOWERCASE}; sacreBLEU: {', '.join(f'`{x}`' for x in signatures)}. p: sacrebleu paired bootstrap "
-              f"({SAMPLES} resamples) against {baseline}, pooled over the common seeds (per seed in brackets).", ""]
+              f"tok-lc: {METHOD_LOWERCASE}; sacreBLEU: {', '.join(f'`{x}`' for x in signatures)}. "
+              f"Δ: the mean over the common seeds of seed s minus seed s of {baseline} (the runs' scores below). "
+              f"{LEVEL_PCT} CI and p, seeds + sentences: a paired bootstrap of that mean difference ({SAMPLES} "
+              "resamples, each drawing the seeds and the test sentences with replacement, one sentence draw for every "
+              "drawn seed and both systems: `scripts/tooling/bootstrap.py`); p two-sided, from the resamples centred "
+              "on their mean. p, sentences only: the same with the seeds fixed (in brackets: each seed alone). "
+              "With one seed the variance over seeds is not estimated (–).", ""]
     again = sorted(s for m, s in runs if m == RETRAINED.format(baseline) and s in seeds)
     if again and any(m in FINE_TUNES for m in models):
         lines += [f"The fine-tunes ({', '.join(FINE_TUNES)}) are compared with the {baseline} they continued: for "
@@ -344,10 +400,11 @@ def table(args):
                   "again (its checkpoints were not kept), which differs from the recorded run where the machine "
                   "differs (its row below); the recorded run stays in the other comparisons.", ""]
     summary = {"models": {}, "claims": [], "expected_runs": len(expected), "done_runs": len(done),
-               "samples": SAMPLES, "alpha": ALPHA}
+               "samples": SAMPLES, "level": bootstrap.LEVEL, "bootstrap_seed": bootstrap.SEED}
     lines += model_rows(runs, models, seeds, baseline, summary["models"])
     lines += per_run_lines(runs, models, seeds, args.source_dependence, summary)
-    lines += ["", f"The papers' claims (verdict on tok-lc BLEU, pooled paired bootstrap, significant at p < {ALPHA}):", ""]
+    lines += ["", f"The papers' claims (verdict on tok-lc BLEU: beyond seed noise where the {LEVEL_PCT} CI over seeds "
+              "and sentences excludes 0, within seed noise where it includes 0):", ""]
     lines += claim_rows(runs, models, seeds, summary["claims"])
     if args.split_src:  # e.g. runs trained on short pairs: the sentences within and beyond the training lengths
         n, note = args.split_at, f" ({args.split_note})" if args.split_note else ""
@@ -368,6 +425,9 @@ def table(args):
 
 
 def plot(args):
+    """Validation loss against updates: one panel per model (its seeds one line each, a fine-tune continuing its
+    transformer's x axis), every panel on the same axes, the transformer's mean over seeds in grey beside the
+    others for reference."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -376,22 +436,47 @@ def plot(args):
     runs = load_runs(args.runs)
     if not runs:
         fail(f"no run results in {args.runs}")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = {}
-    for (model, seed), run in sorted(runs.items()):
+    curves = {}
+    for (model, seed), run in runs.items():
         curve = run.get("valid_loss") or []
-        if not curve:
-            continue
-        offset = int(run.get("update_offset", 0))  # a fine-tune continues its source run's x axis
-        color = colors.setdefault(model, f"C{len(colors)}")
-        ax.plot([u + offset for u, _ in curve], [loss for _, loss in curve], color=color, marker=".",
-                label=model if seed == min(s for m, s in runs if m == model) else None, alpha=0.8)
-    ax.set_xlabel("updates")
-    ax.set_ylabel("validation loss (label-smoothed, base 2)")
-    ax.set_title(args.title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+        offset = int(run.get("update_offset", 0))
+        if curve:
+            curves.setdefault(model, {})[seed] = ([u + offset for u, _ in curve], [loss for _, loss in curve])
+    models, seeds = every_run(args.runs, list(curves), [])
+    models = [m for m in models if m in curves]
+    cols = min(4, len(models))
+    rows = -(-len(models) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.5 * rows + 1.0), sharex=True, sharey=True,
+                             squeeze=False)
+    reference = None
+    base = curves.get("transformer", {})
+    if base and len({tuple(x) for x, _ in base.values()}) == 1:  # the seeds share their updates: their mean
+        xs = next(iter(base.values()))[0]
+        reference = (xs, [statistics.mean(c[1][i] for c in base.values()) for i in range(len(xs))])
+    colors = {s: f"C{i}" for i, s in enumerate(seeds)}
+    for ax, model in zip(axes.flat, models):
+        if reference and model != "transformer":
+            ax.plot(*reference, color="0.6", linestyle="--", linewidth=1.2, label="transformer, mean of its seeds")
+        for seed, (xs, ys) in sorted(curves[model].items()):
+            ax.plot(xs, ys, color=colors[seed], marker=".", markersize=4, linewidth=1.2, label=f"seed {seed}")
+        ax.set_title(f"{model} (seed{'s' if len(curves[model]) > 1 else ''} "
+                     f"{', '.join(map(str, sorted(curves[model])))})", fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(models):]:
+        ax.set_visible(False)
+    for col in range(cols):  # the lowest panel of each column: its updates axis
+        lowest = [ax for ax in axes[:, col] if ax.get_visible()][-1]
+        lowest.xaxis.set_tick_params(labelbottom=True)
+        lowest.set_xlabel("updates", fontsize=10)
+    handles = {}
+    for ax in axes.flat[:len(models)]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    order = sorted(handles, key=lambda label: (not label.startswith("transformer"), label))
+    fig.legend([handles[k] for k in order], order, loc="lower center", ncol=len(order), fontsize=9, frameon=False)
+    fig.supylabel("validation loss (label-smoothed, base 2)", fontsize=10)
+    fig.suptitle(textwrap.fill(args.title, int(3.3 * cols * 11)), fontsize=11)  # ~11 characters an inch
+    fig.tight_layout(rect=(0, 0.5 / (2.5 * rows + 1.0), 1, 1))
     save_figure(fig, args.out, dpi=110)
     print(f"plot -> {args.out}")
 
