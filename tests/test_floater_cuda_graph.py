@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.cuda_graph_emulation import CaptureError, capture_count, emulated_cuda_graphs
+from helpers.cuda_graph_emulation import CaptureError, capture_allocations, capture_count, emulated_cuda_graphs
 from helpers.floater_helpers import one_thread, randomize_flows  # noqa: F401  (one_thread: autouse fixture)
 from helpers.precision_harness import MODES, build_trainer, cpu_fp16_optimizer, master_grads
 from helpers.small_task import assert_same_model, small_data, two_ranks
@@ -158,6 +158,140 @@ def test_one_solve_in_flight_and_bounded_graph_memory(emulation):
         assert 0 < statics <= 2 * 2 * rows * hidden * element * sum(
             floater_cuda_graph.graph_bucket(p) + 8 for p in (20, 40, 30, 100, 16)), statics
         assert floater_cuda_graph.held_bytes() < 1.2 * tape
+
+
+def _latent_args(flows, rows, hidden, seed=0):
+    """Random inputs of the latent solve (z0, Mt, c1, w1, ec, et), with gradient."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(flows, rows, hidden), (flows, hidden, hidden)] + [(flows, 1, hidden)] * 4
+    return tuple((torch.randn(s, generator=g, dtype=torch.float64) / hidden ** 0.5).requires_grad_() for s in shapes)
+
+
+def _capture_buckets(buckets, flows, rows, hidden):
+    """Captures (and replays once) each bucket in turn; per bucket: the bytes its two captures allocated, and per
+    kernel call (warm-up, captures) whether its tape was contiguous and the stream it ran on."""
+    from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
+    from fairseq_plugins.modules.floater.rk4 import _LatentRK4, rk4_plan
+
+    args = _latent_args(flows, rows, hidden)
+    allocated, calls = {}, []
+
+    def kernel(*inputs):
+        calls.append((inputs[-1].is_contiguous(), torch.cuda.current_stream()))
+        return _LatentRK4.apply(*inputs)
+
+    for points in buckets:
+        before = len(capture_allocations())
+        q = floater_cuda_graph.replay(kernel, rk4_plan(points, 0.1), args, points)
+        q.sum().backward()
+        allocated[points] = capture_allocations()[before:]
+        assert len(allocated[points]) == 2, points  # its forward and backward, captured now
+    floater_cuda_graph.reset()
+    return allocated, calls
+
+
+def test_a_shorter_bucket_captures_on_a_contiguous_tape_without_a_tape_sized_copy(emulation):
+    """Buckets of one shape share one stage tape (the longest bucket's) and one pool. A shorter bucket's strided
+    slice of a longer tape made RK4's batched product copy the whole slice inside its capture: a tape-sized
+    block of the pool per bucket. Each capture must allocate what it allocates first in line, no block beyond
+    the solve's largest workspace."""
+    from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
+
+    flows, rows, hidden, element = 2, 3, 8, 8  # float64
+    buckets = (16, 24, 48, 64)
+    by_order = {}
+    for order in ("ascending", "descending"):
+        allocated, calls = _capture_buckets(sorted(buckets, reverse=order == "descending"), flows, rows, hidden)
+        by_order[order] = allocated
+        for points, captures in allocated.items():
+            tape = floater_cuda_graph.tape_bytes(flows, rows, hidden, points, torch.float64)
+            evaluations = 20 * (points - 1)
+            # the largest workspace of the solve: its output (F, P, K, H), the time terms (F, E, H) of the
+            # forward and the backward's per-stage [1; τ] table (P − 1, F, 2, 20·K)
+            largest = element * max(flows * points * rows * hidden, flows * evaluations * hidden,
+                                    2 * flows * evaluations * rows)
+            biggest = max(max(sizes) for sizes in captures)
+            assert biggest <= largest < tape, f"{order}: bucket {points} allocated {biggest} B in one block " \
+                f"inside its capture (its tape: {tape} B, its largest workspace: {largest} B)"
+        assert all(contiguous for contiguous, _ in calls), f"{order}: a bucket's tape is a strided slice"
+    assert {p: [sum(c) for c in v] for p, v in by_order["descending"].items()} == \
+        {p: [sum(c) for c in v] for p, v in by_order["ascending"].items()}
+
+
+def test_every_bucket_of_a_tape_warms_up_and_captures_on_the_tapes_one_stream(emulation, monkeypatch):
+    """The caching allocator hands a freed block of a pool only to allocations on the stream that freed it: a
+    side stream per bucket kept each capture from the workspace the previous ones left in the shared pool."""
+    created = []
+
+    class CountedStream(torch.cuda.Stream):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            created.append(self)
+
+    begin, captured_on = torch.cuda.CUDAGraph.capture_begin, []
+
+    def recording_begin(graph, *args, **kwargs):
+        captured_on.append(torch.cuda.current_stream())
+        return begin(graph, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "Stream", CountedStream)
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", recording_begin)
+    for order in ((16, 24, 48), (48, 24, 16)):
+        created.clear(), captured_on.clear()
+        _, calls = _capture_buckets(order, 2, 3, 8)
+        streams = [stream for _, stream in calls] + captured_on  # the warm-ups' solves, the captures
+        assert len(streams) == 4 * len(order)  # per bucket: the warm-up's solve, the forward's, two captures
+        assert len(created) == 1 and all(stream is created[0] for stream in streams), \
+            f"{order}: {len(created)} capture streams for one tape"
+
+
+@pytest.mark.parametrize("where", ["capture", "warm-up"])
+def test_a_failed_capture_runs_the_loop_with_one_warning_and_is_not_retried(emulation, monkeypatch, caplog, where):
+    """A capture that raises (CUDA refuses an operation while capturing; memory runs out in the warm-up) must
+    cost no training: the solve runs the loop (the same values and gradients), one warning names the bucket and
+    the error, nothing of it stays captured, the solve's stream is current again, and the bucket is not tried
+    again; other buckets are still captured."""
+    from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
+    from fairseq_plugins.modules.floater import rk4 as floater_rk4
+    from fairseq_plugins.modules.floater import FloaterFlow, FloaterSettings, solve_flows
+    from helpers.floater_helpers import random_flows, values_and_gradients
+
+    time_terms, tries = floater_rk4._time_terms, []
+
+    def failing(plan, *args):
+        side = torch.cuda.current_stream() is not torch.cuda.default_stream()
+        if side and plan.points == 24:
+            tries.append(plan.points)
+            if where == "capture" and torch.cuda.is_current_stream_capturing():
+                args[0].sum().item()  # a host synchronisation: CUDA invalidates the capture
+            if where == "warm-up" and not torch.cuda.is_current_stream_capturing():
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+        return time_terms(plan, *args)
+
+    monkeypatch.setattr(floater_rk4, "_time_terms", failing)
+    flows, initial = random_flows(rows=(3, 2), cuda_graph=True)
+    plain = [FloaterFlow(6, 7, FloaterSettings()).double() for _ in flows]
+    for a, b in zip(plain, flows):
+        a.load_state_dict(b.state_dict())
+    caplog.set_level("WARNING", logger=floater_cuda_graph.__name__)
+    for _ in range(2):  # bucket 24 both times
+        got = values_and_gradients(solve_flows(flows, initial, 20), flows, initial)
+        want = values_and_gradients(solve_flows(plain, initial, 20), plain, initial)
+        assert all(torch.equal(a, b) for a, b in zip([*got[0], *got[1]], [*want[0], *want[1]]))
+        assert torch.cuda.current_stream() is torch.cuda.default_stream()
+        assert floater_cuda_graph.captured_buckets() == 0 and not floater_cuda_graph.in_flight()
+    assert len(set(tries)) == 1 and len(tries) == {"capture": 2, "warm-up": 1}[where], tries  # tried once
+    warnings = [r.getMessage() for r in caplog.records if r.name == floater_cuda_graph.__name__]
+    error = {"capture": "CaptureError", "warm-up": "OutOfMemoryError"}[where]
+    assert len(warnings) == 1 and "24 positions" in warnings[0] and error in warnings[0], warnings
+    # nothing of the failed bucket is held: only the static inputs' copies
+    assert floater_cuda_graph.held_bytes() < floater_cuda_graph.tape_bytes(2, 3, 7, 16, torch.float64)
+    captures = capture_count()
+    got = values_and_gradients(solve_flows(flows, initial, 30), flows, initial)  # bucket 32: captured
+    want = values_and_gradients(solve_flows(plain, initial, 30), plain, initial)
+    assert capture_count() - captures == 2 and floater_cuda_graph.captured_buckets() == 1
+    for a, b in zip([*got[0], *got[1]], [*want[0], *want[1]]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_non_finite_extra_rows_of_a_bucket_stop_the_solve(emulation):

@@ -13,9 +13,11 @@ without autograd: operators that write in place or into ``out=`` run as recorded
 their results are copied into the recorded result tensors, views are skipped (they share their base's storage)
 and so are ``empty``-like allocations (no kernel). As on CUDA, after ``capture_end`` the tensors the capture
 allocated hold garbage (NaN) and those it wrote into hold their values from before the capture, until a replay;
-a host synchronisation during capture (``.item()``, ``bool(t)``, ``nonzero``...) raises; capturing on the default
-stream raises. Streams, events, pools and devices are stand-ins that order nothing (CPU work is synchronous).
-Replays leave autograd's version counters alone, as kernels on a GPU do.
+a host synchronisation during capture (``.item()``, ``bool(t)``, ``nonzero``...) raises, and so does ending that
+capture (cudaStreamEndCapture of an invalidated capture); capturing on the default stream raises. Streams, events,
+pools and devices are stand-ins that order nothing (CPU work is synchronous). Replays leave autograd's version
+counters alone, as kernels on a GPU do. ``capture_allocations`` lists the storages each capture allocated (on CUDA:
+taken from the graph's pool).
 
 ``emulated_cuda_graphs(monkeypatch)`` installs all of it in ``torch.cuda`` (torch's own ``torch.cuda.graph`` and
 ``make_graphed_callables`` run on top of it, unmodified) and makes FLOATER's training solves on CPU take their
@@ -67,17 +69,20 @@ class _Recorder(TorchDispatchMode):
         self.calls = []
         self.fresh = []  # tensors the capture allocated
         self.written = {}  # data_ptr → (storage, its copy from before) for pre-existing memory the capture writes
+        self.invalidated = None  # the error that invalidated the capture, if any
         self._fresh_storages = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.overloadpacket in HOST_SYNC:
-            raise CaptureError(f"{func}: host synchronisation during CUDA graph capture (operation not permitted "
-                               f"when stream is capturing)")
+            self.invalidated = CaptureError(f"{func}: host synchronisation during CUDA graph capture (operation "
+                                            f"not permitted when stream is capturing)")
+            raise self.invalidated
         schema = func._schema
         if any(str(r.type) in ("Scalar", "float", "int", "bool") for r in schema.returns) \
                 and not func.__name__.startswith(("is_", "sym_", "_has_")):  # metadata queries are fine
-            raise CaptureError(f"{func}: returns a host value during CUDA graph capture")
+            self.invalidated = CaptureError(f"{func}: returns a host value during CUDA graph capture")
+            raise self.invalidated
         inputs = _tensors((args, kwargs))
         # remember what the capture writes into that existed before it (on CUDA the capture writes nothing)
         for arg, value in zip(schema.arguments, itertools.chain(args, [kwargs.get(a.name) for a in
@@ -131,11 +136,18 @@ class _State:
     capturing = None  # the graph being captured
     pools = itertools.count(1)
     captures = 0
+    allocations = []  # per capture, in order: the bytes of each storage it allocated
 
 
 def capture_count():
     """How many graphs have been captured under the emulation (in this process)."""
     return _State.captures
+
+
+def capture_allocations():
+    """Per capture (in order, this process): the size in bytes of each storage the capture allocated, factories
+    and functional operators' results alike (on CUDA: memory taken from the graph's pool)."""
+    return list(_State.allocations)
 
 
 Stream, Event = cuda_stand_ins.Stream, cuda_stand_ins.Event
@@ -182,8 +194,11 @@ class CUDAGraph:
         recorder = self._recorder
         recorder.__exit__(None, None, None)
         _State.capturing, self._recorder = None, None
+        if recorder.invalidated is not None:  # as cudaStreamEndCapture: the capture ends, without a graph
+            raise CaptureError("operation failed due to a previous error during capture") from recorder.invalidated
         self._calls = recorder.calls
         _State.captures += 1
+        _State.allocations.append(list({_storage(t): t.untyped_storage().nbytes() for t in recorder.fresh}.values()))
         self._tensors = [t for call in recorder.calls for t in _tensors((call[1], call[2]))] + \
             [t for call in recorder.calls for _, t in call[3]]
         # the capture ran nothing on the device: what it allocated is garbage, what it wrote is unchanged
@@ -266,6 +281,7 @@ def emulated_cuda_graphs(monkeypatch=None):
         yield
     finally:
         _reset_captures()  # emulated graphs must not outlive the emulation
+        _STREAMS.reset()
         if own:
             monkeypatch.undo()
 

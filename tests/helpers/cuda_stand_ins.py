@@ -82,9 +82,15 @@ class Streams:
 
     @contextlib.contextmanager
     def stream(self, s):
-        """torch.cuda.stream: makes s the current stream for the block (None: no change)."""
+        """torch.cuda.stream: makes s the current stream for the block (None: no change), and on leaving it the
+        stream that was current on entering it, whatever an inner block left current (torch's StreamContext)."""
+        depth = len(self._current)
         self._current.append(s if s is not None else self._current[-1])
         try:
             yield
         finally:
-            self._current.pop()
+            del self._current[depth:]
+
+    def reset(self):
+        """The default stream current again (a block left without restoring its stream must not outlive a test)."""
+        del self._current[1:]

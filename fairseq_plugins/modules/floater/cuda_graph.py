@@ -14,26 +14,37 @@ overwrites, and its intermediate memory belongs to its pool for as long as the g
   overwrites. A training step solves once per forward (``FloaterPositions``), so forward and backward
   alternate; a second forward before the first one's backward (or its abandonment) runs the loop instead.
 - Bounded memory: every bucket of one shape shares the static inputs, one stage tape and one output-gradient
-  buffer (the longest bucket's, (F, 20·(P−1), K, H) and (F, P, K, H), allocated outside the graphs), and all
-  captures share one memory pool, so the run holds about one solve's tape and workspace of the longest bucket
-  it met, not one per bucket; each bucket keeps only its output and input gradients. A longer bucket replaces
-  the shared buffers and drops the graphs that used the old ones (``held_bytes`` reports what is held).
+  buffer (the longest bucket's, F·20·(P−1)·K·H and F·P·K·H elements, allocated flat outside the graphs), one
+  memory pool and one capture stream (``_Tape``). The caching allocator hands a freed pool block only to
+  allocations on the stream that freed it, so buckets captured on streams of their own would not reuse each
+  other's workspace. Each bucket views the first elements of the shared buffers in its own shape, contiguous:
+  a strided slice of a longer tape would make RK4's batched product copy the whole slice inside the capture.
+  The run then holds one tape and the capture workspace of the longest bucket it met, plus each bucket's output
+  and input gradients, not a tape per bucket. A longer bucket replaces the shared buffers and drops the graphs
+  that used the old ones (``held_bytes`` reports what is held, ``captured_buckets`` how many are captured).
 - Non-finite values in the bucket's extra rows would enter θ's gradient as 0·inf: the kept rows become NaN
   then, and ``solve_checked`` stops the run with its one-line error.
-- Capture on the solve's own device and a side stream, in ``thread_local`` capture mode: other threads (the
-  NCCL watchdog polling its events during a DDP step) may call CUDA while a capture is open. A warm-up solve
-  on that stream first, so lazy initialisation (cuBLAS workspaces) happens outside the capture.
+- Capture on the solve's own device and the tape's side stream, in ``thread_local`` capture mode: other
+  threads (the NCCL watchdog polling its events during a DDP step) may call CUDA while a capture is open. A
+  warm-up solve on that stream first, so lazy initialisation (cuBLAS workspaces) happens outside the capture.
+- A capture that fails (out of memory, an operation CUDA refuses while capturing) costs no training: that
+  solve and every later one of that bucket run the loop, after one warning naming the bucket and the error.
+  Nothing of the failed capture stays registered, and the solve's stream is restored (``torch.cuda.graph``
+  leaves its capture stream current when ending an invalidated capture raises).
 
 Verified on CPU by emulating the graphs' data semantics (``tests/test_floater_cuda_graph.py``); what has run
 on a GPU is in ``results/gpu_check.md``.
 """
 
+import logging
 import weakref
 from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+logger = logging.getLogger(__name__)
 
 
 def graph_bucket(points: int) -> int:
@@ -55,14 +66,24 @@ class _Flight:
 
 class _Tape:
     """What every bucket of one solve shape (on one device) shares: the static inputs, the stage tape and the
-    output gradient's buffer (both sized for the longest bucket), the memory pool, and the graphs using them."""
+    output gradient's buffer (both flat, sized for the longest bucket), the memory pool, the capture stream, and
+    the graphs using them."""
 
     def __init__(self, args: Tuple[Tensor, ...]):
         self.inputs = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
         self.buffer: Optional[Tensor] = None
         self.grad_output: Optional[Tensor] = None
         self.graphs: Dict[int, "_Captured"] = {}  # bucket length → its graphs
+        self.failed: Dict[int, str] = {}  # bucket length → why its capture failed (never tried again)
         self.pool = None
+        self.stream = torch.cuda.Stream(args[0].device)  # every warm-up and capture: the pool's blocks are reused
+
+    def views(self, flows: int, evaluations: int, points: int, rows: int, hidden: int) -> Tuple[Tensor, Tensor]:
+        """A bucket's tape (F, E, K, H) and output gradient (F, P, K, H): the first elements of the shared
+        buffers, so both are contiguous whatever the longest bucket."""
+        tape = self.buffer[:flows * evaluations * rows * hidden].view(flows, evaluations, rows, hidden)
+        grad_output = self.grad_output[:flows * points * rows * hidden].view(flows, points, rows, hidden)
+        return tape, grad_output
 
 
 _TAPES: Dict[tuple, _Tape] = {}
@@ -73,6 +94,11 @@ def reset():
     """Drop every captured graph and tape (their memory goes back to torch's allocator)."""
     _TAPES.clear()
     _IN_FLIGHT[0] = None
+
+
+def captured_buckets() -> int:
+    """How many buckets are captured now, over every solve shape."""
+    return sum(len(tape.graphs) for tape in _TAPES.values())
 
 
 def held_bytes() -> int:
@@ -94,25 +120,31 @@ def captured_buckets() -> int:
 class _Captured:
     """One bucket's forward and backward graphs with their static buffers."""
 
-    def __init__(self, kernel, plan, inputs: Tuple[Tensor, ...], tape: Tensor, grad_output: Tensor, pool):
+    def __init__(self, kernel, plan, inputs: Tuple[Tensor, ...], tape: Tensor, grad_output: Tensor, pool, stream):
         device = inputs[0].device
         self.inputs = inputs  # shared by the buckets: the same shapes whatever the length
         self.needs_grad = [i for i, a in enumerate(self.inputs) if a.requires_grad]
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # warm-up: lazy initialisation must not happen inside a capture
-            out = kernel(*self.inputs, plan, tape)
-            torch.autograd.grad(out, [self.inputs[i] for i in self.needs_grad], torch.zeros_like(out),
-                                allow_unused=True)
-            del out
-        torch.cuda.current_stream(device).wait_stream(stream)
-        self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.forward_graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            self.output = kernel(*self.inputs, plan, tape)
-        self.grad_output = grad_output
-        with torch.cuda.graph(self.backward_graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            grads = torch.autograd.grad(self.output, [self.inputs[i] for i in self.needs_grad], self.grad_output,
-                                        allow_unused=True)
+        current = torch.cuda.current_stream(device)
+        stream.wait_stream(current)
+        # the outer stream context restores the solve's stream even where torch.cuda.graph's exit raises
+        # before restoring it (capture_end of an invalidated capture)
+        with torch.cuda.stream(stream):
+            try:
+                # warm-up: lazy initialisation must not happen inside a capture
+                out = kernel(*self.inputs, plan, tape)
+                torch.autograd.grad(out, [self.inputs[i] for i in self.needs_grad], torch.zeros_like(out),
+                                    allow_unused=True)
+                del out
+                self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+                capture = dict(pool=pool, stream=stream, capture_error_mode="thread_local")
+                with torch.cuda.graph(self.forward_graph, **capture):
+                    self.output = kernel(*self.inputs, plan, tape)
+                self.grad_output = grad_output
+                with torch.cuda.graph(self.backward_graph, **capture):
+                    grads = torch.autograd.grad(self.output, [self.inputs[i] for i in self.needs_grad],
+                                                self.grad_output, allow_unused=True)
+            finally:  # the solve's stream reads what the warm-up wrote, failed or not
+                current.wait_stream(stream)
         self.grads = dict(zip(self.needs_grad, grads))
 
     def static_tensors(self) -> List[Tensor]:
@@ -151,6 +183,31 @@ def in_flight() -> bool:
     return _IN_FLIGHT[0] is not None and _IN_FLIGHT[0]() is not None
 
 
+def _capture(shape: _Tape, kernel, plan, flows: int, rows: int, hidden: int) -> Optional[_Captured]:
+    """The bucket's graphs, registered with `shape`; None (after one warning) where capturing them fails."""
+    z0, evaluations = shape.inputs[0], 4 * len(plan.steps)
+    elements = flows * evaluations * rows * hidden
+    if shape.buffer is None or shape.buffer.numel() < elements:
+        # a longer bucket: new buffers for all; graphs captured on the old ones go with them
+        shape.graphs.clear()
+        shape.buffer = shape.grad_output = None
+        shape.buffer = z0.new_empty(elements)
+        shape.grad_output = z0.new_empty(flows * plan.points * rows * hidden)
+        shape.pool = torch.cuda.graph_pool_handle()
+    try:
+        views = shape.views(flows, evaluations, plan.points, rows, hidden)
+        captured = _Captured(kernel, plan, shape.inputs, *views, shape.pool, shape.stream)
+    except Exception as error:  # any failure: the loop still computes the same solve
+        shape.failed[plan.points] = f"{type(error).__name__}: {error}"
+        logger.warning("FLOATER CUDA graph: capturing the bucket of %d positions failed (%s); its solves run "
+                       "the loop", plan.points, shape.failed[plan.points].splitlines()[0])
+        if not shape.graphs:  # no graph uses the buffers: they go back to the allocator
+            shape.buffer = shape.grad_output = shape.pool = None
+        return None
+    shape.graphs[plan.points] = captured
+    return captured
+
+
 def replay(kernel, plan, args: Tuple[Tensor, ...], num_points: int) -> Optional[Tensor]:
     """q of ``kernel`` on ``plan``'s grid (a bucket's), replayed from graphs captured on first use, cut to
     num_points rows; None while another replayed solve waits for its backward (the caller runs the loop)."""
@@ -164,20 +221,13 @@ def replay(kernel, plan, args: Tuple[Tensor, ...], num_points: int) -> Optional[
         shape = _TAPES.get(key)
         if shape is None:
             shape = _TAPES[key] = _Tape(args)
+        if plan.points in shape.failed:
+            return None
         captured = shape.graphs.get(plan.points)
         if captured is None:
-            evaluations = 4 * len(plan.steps)
-            if shape.buffer is None or shape.buffer.size(1) < evaluations:
-                # a longer bucket: new buffers for all; graphs captured on the old ones go with them
-                shape.graphs.clear()
-                shape.buffer = shape.grad_output = None
-                shape.buffer = z0.new_empty(flows, evaluations, rows, hidden)
-                shape.grad_output = z0.new_empty(flows * plan.points * rows * hidden)
-                shape.pool = torch.cuda.graph_pool_handle()
-            tape = shape.buffer[:, :evaluations]
-            grad_output = shape.grad_output[:flows * plan.points * rows * hidden].view(flows, plan.points, rows, hidden)
-            captured = shape.graphs[plan.points] = _Captured(kernel, plan, shape.inputs, tape, grad_output,
-                                                             shape.pool)
+            captured = _capture(shape, kernel, plan, flows, rows, hidden)
+            if captured is None:
+                return None
         q = _Replay.apply(captured, *args)
     kept = q[:, :num_points]
     # NaN in the kept rows when any extra row is not finite: solve_checked then refuses the solve
