@@ -112,11 +112,6 @@ def held_bytes() -> int:
     return total
 
 
-def captured_buckets() -> int:
-    """How many buckets have captured graphs, over every tape."""
-    return sum(len(tape.graphs) for tape in _TAPES.values())
-
-
 class _Captured:
     """One bucket's forward and backward graphs with their static buffers."""
 
