@@ -313,13 +313,17 @@ def order_check(device, dims, lengths, tokens, rows):
                     grads[graph, T, rep] = torch.cat([p.grad.detach().float().flatten().cpu()
                                                       for p in b.model.parameters() if p.grad is not None])
                     losses[graph, T, rep] = float(loss.detach())
-            if cuda:
-                torch.cuda.synchronize()
+            cached = None
+            if cuda:  # what is held, not what the allocator keeps cached for reuse (a replaced tape, a dropped
+                torch.cuda.synchronize()  # graph's pool, the loop's last activations): both paths alike
+                cached = torch.cuda.memory_reserved()
+                gc.collect()
+                torch.cuda.empty_cache()
             members = b.model.floater_positions.members
             shape = (len(members), max(len(projections) for _, projections in members),
                      members[0][0].dynamics.fc1.weight.shape[0])
             measured[graph] = {
-                "reserved": torch.cuda.memory_reserved() if cuda else None,
+                "reserved": torch.cuda.memory_reserved() if cuda else None, "cached": cached,
                 "peak_allocated": torch.cuda.max_memory_allocated() if cuda else None,
                 "held": floater_cuda_graph.held_bytes(), "buckets": floater_cuda_graph.captured_buckets()}
             del b, sample, loss
@@ -341,10 +345,12 @@ def order_check(device, dims, lengths, tokens, rows):
                  captured_buckets=measured[True]["buckets"],
                  reserved_loop_mib=measured[False]["reserved"] / mib if cuda else None,
                  reserved_graph_mib=measured[True]["reserved"] / mib if cuda else None,
+                 reserved_before_release_mib=(measured[False]["cached"] / mib, measured[True]["cached"] / mib)
+                 if cuda else None,
                  peak_loop_mib=measured[False]["peak_allocated"] / mib if cuda else None,
                  peak_graph_mib=measured[True]["peak_allocated"] / mib if cuda else None,
                  held_by_graphs_mib=measured[True]["held"] / mib, graph_memory_mib=graph_memory / mib,
-                 graph_memory_measure="memory_reserved() with − without graphs" if cuda else
+                 graph_memory_measure="memory_reserved() with − without graphs, after empty_cache()" if cuda else
                  "held_bytes() (dry run: no CUDA allocator)",
                  tape_mib=tape / mib, bucket_buffers_mib=buffers / mib,
                  bound_mib=(GRAPH_MEMORY_MARGIN * tape + buffers) / mib)
