@@ -19,11 +19,17 @@ its pieces of the run's sentencepiece model + EOS; its bucket, that length relat
 model's max_source/target_positions is refused, not truncated. Per bucket: the Multi30k literature's tokenized
 lowercased BLEU (tooling/bleu.py), the hypothesis/reference length ratio in those tokens, and how many outputs
 reached the length cap. Writes OUT (atomically) and the detokenized hypotheses beside it (OUT minus .json + .hyp).
+
+Cost on Multi30k (the study's 4+4-layer d = 128 model, one thread): trained on all lengths, L = 49 and k = 1..12,
+240 probes of 21,442 source tokens (1.4× the test set); a 1-epoch model, whose outputs often ran to the cap (the
+slowest case), took 92 s (45 s of CPU) on a busy 2-core machine. ≤ 14-word training: L = 38, k = 1..9, 180
+probes; MAX_TRAIN_TOKENS=18: L = 19, k = 1..5, 100 probes.
 """
 import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -127,7 +133,8 @@ def hypothesis_pieces(generate_log):
 
 
 def decode(args, probes, tmp):
-    """The probes translated with scripts/generate.sh: (detokenized hypotheses, pieces per hypothesis, seconds)."""
+    """The probes translated with scripts/generate.sh: (detokenized hypotheses, pieces per hypothesis, wall seconds,
+    CPU seconds of the processes it ran)."""
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=os.path.join(args.data, "spm.model"))
@@ -140,7 +147,7 @@ def decode(args, probes, tmp):
                    "".join(" ".join(pieces) + "\n" for pieces in sp.encode(lines, out_type=str)))
     shutil.copyfile(os.path.join(args.data, "spm.model"), os.path.join(tmp, "spm.model"))
     dicts = [os.path.join(args.data, "bin", f"dict.{lang}.txt") for lang in (args.src, args.tgt)]
-    start = time.time()
+    start, cpu = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(["fairseq-preprocess", "--source-lang", args.src, "--target-lang", args.tgt,
                     "--srcdict", dicts[0], "--tgtdict", dicts[1], "--testpref", os.path.join(tmp, "spm", "test"),
                     "--destdir", os.path.join(tmp, "bin"), "--workers", "1"],
@@ -151,10 +158,11 @@ def decode(args, probes, tmp):
                            str(MAX_LEN_B)], cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         fail(f"decoding failed: {(proc.stderr.strip().splitlines() or ['(no message)'])[-1]}")
-    seconds = time.time() - start
+    seconds, after = time.time() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
     hyps = read_lines(os.path.join(tmp, "probe.hyp"), "hypotheses")
     pieces = hypothesis_pieces(os.path.join(tmp, "probe.gen"))
-    return hyps, [pieces[i] for i in range(len(probes))], seconds
+    return hyps, [pieces[i] for i in range(len(probes))], seconds, cpu_seconds
 
 
 def score(args):
@@ -181,7 +189,7 @@ def score(args):
         fail(f"outputs of up to {MAX_LEN_A} × {longest_probe} + {MAX_LEN_B} tokens would pass the model's "
              f"max_target_positions {max_tgt}: the longest would be cut")
     with tempfile.TemporaryDirectory(prefix="length_probe.") as tmp:
-        hyps, pieces, seconds = decode(args, probes, tmp)
+        hyps, pieces, seconds, cpu_seconds = decode(args, probes, tmp)
     labels = bucket_labels(edges)
     members = [[] for _ in labels]
     for i, p in enumerate(probes):
@@ -210,14 +218,15 @@ def score(args):
         "test_sentences": len(src), "stride": len(src) // args.per_k,
         "decoding": {"beam": args.beam, "lenpen": args.lenpen, "max_len_a": MAX_LEN_A, "max_len_b": MAX_LEN_B,
                      "max_source_positions": max_src, "max_target_positions": max_tgt},
-        "seconds": round(seconds, 1), "bleu_tok_lc_method": METHOD_LOWERCASE,
+        "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1), "bleu_tok_lc_method": METHOD_LOWERCASE,
         "hypotheses": os.path.basename(base + ".hyp"), "buckets": buckets,
     }
     write_json(args.out, result, indent=2)
     cells = "  ".join(f"{b['bucket']}: {'-' if b['bleu_tok_lc'] is None else b['bleu_tok_lc']} ({b['probes']})"
                       for b in buckets)
     print(f"{args.name}: longest training source {longest_src} tokens; k = 1..{max(result['ks'])}, "
-          f"{len(probes)} probes up to {longest_probe} tokens, {seconds:.0f} s  |  {cells}  -> {args.out}")
+          f"{len(probes)} probes up to {longest_probe} tokens, {seconds:.0f} s ({cpu_seconds:.0f} s CPU)  |  {cells}  "
+          f"-> {args.out}")
 
 
 def mean_std(values):
