@@ -91,6 +91,15 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
         assert test["effect"] == pytest.approx(cmp["delta"][key], abs=0.01)  # the table's Δ, of rounded scores
     assert (results / "valid_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.rglob("*.tmp")), "no temporary file is left behind"
+    # every run's length probe, right after its test decoding, and their table
+    for model in MODELS:
+        for seed in SEEDS:
+            probe = json.loads((results / "runs" / f"{model}.seed{seed}.probe.json").read_text())
+            assert probe["name"] == f"{model}.seed{seed}" and probe["model"] == model
+            assert probe["checkpoint"].endswith(f"{model}.seed{seed}/average.pt") and probe["buckets"][-1]["probes"]
+            assert len((results / "runs" / f"{model}.seed{seed}.probe.hyp").read_text().splitlines()) == probe["probes"]
+    probe_table = (results / "probe_table.md").read_text(encoding="utf-8")
+    assert probe_table in out and "| transformer | 2 |" in probe_table and "| floater_warm | 2 |" in probe_table
 
     # a rerun skips every finished run: no checkpoint is touched, the table is the same
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "ckpt").rglob("*.pt")}
@@ -99,6 +108,15 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
     assert ": training " not in again
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "ckpt").rglob("*.pt")} == stamps
     assert (results / "table.md").read_text(encoding="utf-8") == table
+
+    # a finished run without its probe (finished before the probe existed) is probed, nothing is trained
+    probe = (results / "runs" / "transformer.seed1.probe.json").read_text()
+    (results / "runs" / "transformer.seed1.probe.json").unlink()
+    again = study(corpus, tmp_path).stdout
+    assert "== transformer.seed1: done (" in again and "its length probe now" in again
+    assert again.count(": skipped (done") == len(MODELS) * len(SEEDS) - 1 and ": training " not in again
+    assert json.loads((results / "runs" / "transformer.seed1.probe.json").read_text())["buckets"] == json.loads(
+        probe)["buckets"]
 
     # seeds asked for but not run yet: the table says so (the table step alone, which would not train them)
     run([sys.executable, "scripts/study.py", "table", "--runs", str(results / "runs"), "--models",
@@ -274,8 +292,45 @@ def test_train_short_test_long_protocol(corpus, tmp_path):
     assert len((results / "len10" / "length_table.md").read_text(encoding="utf-8").splitlines()) == 4
 
 
+def test_train_short_in_tokens(corpus, tmp_path):
+    """MAX_TRAIN_TOKENS: the training pairs whose source and target each have at most that many pieces of the run's
+    own sentencepiece model, which is the full training set's (so the cap is exact); the probe measures from the
+    longest source kept. SHAPE runs with --shape-max-shift SHAPE_K, recorded in its result."""
+    cap = 14
+    out = study(corpus, tmp_path, MODELS="transformer shape", SEEDS="1", JOBS="1", MAX_TRAIN_TOKENS=str(cap),
+                SHAPE_K="7").stdout
+    import sentencepiece as spm
+
+    data = tmp_path / "data"
+    full = tmp_path / "full_spm"
+    full.mkdir()
+    run([sys.executable, "scripts/spm_train.py", "--input", str(corpus / "train.en"), str(corpus / "train.de"),
+         "--model-prefix", str(full / "spm"), "--vocab-size", "200"])
+    assert (full / "spm.vocab").read_text(encoding="utf-8") == (data / "spm.vocab").read_text(encoding="utf-8")
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    pairs = list(zip(*((corpus / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de"))))
+    keep = [(s, t) for s, t in pairs if len(sp.encode(s)) <= cap and len(sp.encode(t)) <= cap]
+    assert 0 < len(keep) < len(pairs)
+    assert list(zip(*((data / "raw" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+                      for lang in ("en", "de")))) == keep
+    assert f"kept {len(keep)} of {len(pairs)} pairs with <= {cap} sentencepiece pieces on both sides" in out
+    runs = tmp_path / "results" / "runs"
+    result = json.loads((runs / "transformer.seed1.json").read_text())
+    assert f"max_train_len=none max_train_tokens={cap} model_args=" in result["recipe"]
+    probe = json.loads((runs / "transformer.seed1.probe.json").read_text())
+    assert probe["train_longest_source"] == max(len(sp.encode(s)) for s, _ in keep) + 1 <= cap + 1
+    shape = json.loads((runs / "shape.seed1.json").read_text())
+    assert shape["shape_max_shift"] == "7" and "shape_max_shift" not in result
+    log = (tmp_path / "ckpt" / "shape.seed1" / "train.log").read_text(encoding="utf-8")
+    assert "shape_max_shift=7" in log.replace("'shape_max_shift': 7", "shape_max_shift=7")
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"JOBS": "two"}, "JOBS=two: expected a positive integer"),
+    ({"MAX_TRAIN_TOKENS": "0"}, "MAX_TRAIN_TOKENS=0: expected a positive integer"),
+    ({"SHAPE_K": "x"}, "SHAPE_K=x: expected a positive integer"),
+    ({"MAX_TRAIN_LEN": "10", "MAX_TRAIN_TOKENS": "12"},
+     "MAX_TRAIN_LEN=10 and MAX_TRAIN_TOKENS=12: choose one cap (words or tokens)"),
     ({"SEEDS": "1 x"}, "SEEDS=\"1 x\": expected positive integers, got 'x'"),
     ({"MODELS": "transformer shaw"}, "MODELS=\"transformer shaw\": unknown model 'shaw' (expected one of "
                                      "transformer learned every_layer shape t5 alibi rope nope relative floater "

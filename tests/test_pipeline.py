@@ -26,6 +26,8 @@ def test_help_lists_the_archs_flags():
     for arch, flags in [("relative_transformer_wmt_en_de", ["--max-relative-positions", "--no-relative-values",
                                                            "--relative-shared-heads"]),
                         ("floater_transformer_wmt_en_de", ["--floater-dt", "--floater-method", "--floater-update-every"]),
+                        ("shape_transformer_wmt_en_de", ["--shape-max-shift", "--shape-eval-offset", "--t5-bias-init",
+                                                         "--t5-num-buckets"]),
                         ("transformer_wmt_en_de", ["--encoder-embed-dim"])]:
         out = run([str(BIN / "fairseq-train"), "--user-dir", "fairseq_plugins", "--arch", arch, "--help"]).stdout
         for flag in flags:

@@ -2,9 +2,9 @@
 
 - each attention scheme (T5 bias, ALiBi, RoPE) against a naive reference written from its paper's equation,
   loop by loop in float64 (outputs and gradients, with padding and the causal mask);
-- what each stack adds to its token embeddings, against a naive float64 reference (SHAPE: the sinusoid at
-  position + k, one k in 0..K per sequence in training, 0 at evaluation, pads untouched; NoPE's decoder and the
-  attention schemes: nothing);
+- what each stack adds to its token embeddings, against a naive float64 reference (SHAPE, as its authors' code:
+  the sinusoid at position + k, one k in 0..K-1 per sequence in training, K at evaluation, pads untouched; NoPE's
+  decoder and the attention schemes: nothing); T5's table starts as T5's own code starts it;
 - for every scheme with architectures: incremental decoding with beam reordering == the full forward; a sentence
   alone == the same sentence left-padded in a batch; a 1,000-token source; beam search; the hub interface
   translates as fairseq-generate; scripting refused in one line; a bad flag is one line; no (B, H, T, T, d)
@@ -43,7 +43,7 @@ TABLE_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix]  # eve
 
 def build(arch, **kw):
     model = tiny_models.build(arch, **kw)
-    with torch.no_grad():  # T5's table starts at zero: make the bias matter
+    with torch.no_grad():  # T5's table: larger than its initialisation, so that the bias matters
         for module in model.modules():
             if isinstance(module, T5Bias):
                 module.bias.weight.normal_(std=0.5)
@@ -330,24 +330,88 @@ def test_attention_schemes_are_one_module_per_stack():
 
 
 def test_shape_shifts_each_sequence_in_training_only():
+    """The authors' code (onmt/modules/embeddings.py): k = torch.randint(0, K) per sequence in training, every
+    sequence at offset K in eval mode; fairseq's numbering otherwise (pads keep the zero row)."""
     torch.manual_seed(0)
-    emb = ShapePositionalEmbedding(8, PAD, 64, max_shift=5)
-    plain = SinusoidalPositionalEmbedding(8, PAD, 64 + 5 + PAD + 1)
+    emb = ShapePositionalEmbedding(8, PAD, 64, max_shift=5, eval_offset=5)
     tokens = torch.tensor([[PAD, PAD, 5, 6, 7], [5, 6, 7, 8, 9]])
-    emb.eval()
-    torch.testing.assert_close(emb(tokens), plain(tokens))
-    emb.train()
     table = SinusoidalPositionalEmbedding.get_embedding(100, 8, PAD)
-    offsets = set()
-    for _ in range(40):
-        out = emb(tokens)
+    real = tokens.ne(PAD)
+    positions = torch.cumsum(real.long(), 1) + PAD
+
+    def offsets(out):
+        found = []
         for b in range(2):
-            real = tokens[b].ne(PAD)
-            positions = torch.cumsum(real.long(), 0)[real] + PAD
-            shift = next(k for k in range(6) if torch.allclose(out[b, real], table[positions + k]))
-            offsets.add(shift)
-            assert out[b, ~real].abs().sum() == 0  # pads keep the zero row
-    assert offsets == set(range(6))
+            found.append(next(k for k in range(7) if torch.allclose(out[b, real[b]], table[positions[b, real[b]] + k])))
+            assert out[b, ~real[b]].abs().sum() == 0  # pads keep the zero row
+        return found
+
+    emb.eval()
+    assert offsets(emb(tokens)) == [5, 5]
+    emb.train()
+    drawn = set()
+    for _ in range(40):
+        drawn.update(offsets(emb(tokens)))
+    assert drawn == set(range(5))  # 0..K-1: K itself is never drawn
+    emb.eval_offset = 0  # --shape-eval-offset 0: fairseq's plain sinusoid at evaluation
+    emb.eval()
+    assert offsets(emb(tokens)) == [0, 0]
+
+
+def test_shape_flags_default_to_the_authors_protocol():
+    model, args = tiny_models.build_with_args("shape_transformer_tiny")
+    assert (args.shape_max_shift, args.shape_eval_offset) == (100, 100)
+    for stack in (model.encoder, model.decoder):
+        assert (stack.embed_positions.num_shifts, stack.embed_positions.eval_offset) == (100, 100)
+    model, args = tiny_models.build_with_args("shape_transformer_tiny", shape_max_shift=40)
+    assert args.shape_eval_offset == 40 and model.decoder.embed_positions.eval_offset == 40
+    model, args = tiny_models.build_with_args("shape_transformer_tiny", shape_max_shift=40, shape_eval_offset=0)
+    assert (model.encoder.embed_positions.num_shifts, model.encoder.embed_positions.eval_offset) == (40, 0)
+
+
+def test_t5_table_starts_as_t5s_own_code():
+    """mesh-tensorflow's default initializer (glorot uniform over heads × buckets) by default: every bucket a
+    nonzero draw within ±sqrt(6 / (heads + buckets)), the draws uniform (variance a²/3); HF transformers' normal
+    and the earlier zeros on request."""
+    torch.manual_seed(0)
+    heads, buckets = 8, 512  # a large table, so that its moments are close to the distribution's
+    weight = T5Bias(heads, bidirectional=True, num_buckets=buckets, max_distance=1024).bias.weight.detach()
+    a = math.sqrt(6 / (heads + buckets))
+    assert weight.shape == (buckets, heads) and bool((weight != 0).all()) and weight.abs().max() <= a
+    assert abs(weight.var().item() / (a * a / 3) - 1) < 0.05 and abs(weight.mean().item()) < 0.05 * a
+    model, args = tiny_models.build_with_args("t5_transformer_tiny")
+    assert args.t5_bias_init == "glorot"
+    for stack in (model.encoder, model.decoder):
+        table = stack.position_scheme.bias.weight
+        assert bool((table != 0).all()) and table.abs().max() <= math.sqrt(6 / (2 + 32))  # tiny: 2 heads
+    torch.manual_seed(0)
+    normal = T5Bias(heads, True, buckets, 1024, init="normal", d_model=64).bias.weight.detach()
+    assert abs(normal.std().item() / 64 ** -0.5 - 1) < 0.05
+    zeros = tiny_models.build("t5_transformer_tiny", t5_bias_init="zeros").encoder.position_scheme.bias.weight
+    assert zeros.abs().sum() == 0
+
+
+def test_t5_buckets_never_reached_in_training_keep_their_initial_draw():
+    """Adam updates only the buckets the training pairs reach: the others keep their initialisation (nonzero
+    with T5's), which is the bias they add at test to the longer distances they stand for."""
+    model = tiny_models.build("t5_transformer_tiny").train()
+    start = {name: stack.position_scheme.bias.weight.detach().clone()
+             for name, stack in (("encoder", model.encoder), ("decoder", model.decoder))}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    src, lengths, prev = fixed_batch()  # sources of <= 6 tokens, targets of 7: distances up to 5 and 6
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(src, lengths, prev)[0].float().pow(2).mean().backward()
+        optimizer.step()
+    reached = {"encoder": set(relative_bucket(torch.arange(-5, 6), True, 32, 128).tolist()),
+               "decoder": set(relative_bucket(torch.arange(-6, 7), False, 32, 128).tolist())}
+    for name, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+        table = stack.position_scheme.bias.weight.detach()
+        for bucket in range(32):
+            if bucket in reached[name]:
+                assert not torch.equal(table[bucket], start[name][bucket]), (name, bucket)
+            else:
+                assert torch.equal(table[bucket], start[name][bucket]) and bool((table[bucket] != 0).all())
 
 
 # -- what each stack adds to its token embeddings, against a naive float64 reference -------------------------
@@ -423,9 +487,10 @@ def offsets_found(got, references):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_each_stack_adds_to_its_token_embeddings_what_the_table_says(arch):
-    """The scheme's ``embedding`` (the encoder's: its ``encoder_partner`` if it has one): sinusoidal and SHAPE at
-    evaluation add the sinusoid at the token's position, NoPE's decoder and the attention schemes add nothing;
-    in training a SHAPE stack shifts each sequence by one offset in 0..K, and the others stay as at evaluation."""
+    """The scheme's ``embedding`` (the encoder's: its ``encoder_partner`` if it has one): sinusoidal adds the
+    sinusoid at the token's position and SHAPE at evaluation the sinusoid at position + K, NoPE's decoder and the
+    attention schemes add nothing; in training a SHAPE stack shifts each sequence by one offset in 0..K-1, and the
+    others stay as at evaluation."""
     max_shift = 3
     model = build(arch, shape_max_shift=max_shift).double()
     decoder_scheme = SCHEMES[model.args.position_scheme]
@@ -440,18 +505,19 @@ def test_each_stack_adds_to_its_token_embeddings_what_the_table_says(arch):
                   for name, (stack, scheme) in stacks.items()}
     model.eval()
     got = first_block_inputs(model, src, lengths, prev)
-    for name in stacks:
-        assert offsets_found(got[name], references[name]) == [0, 0, 0], name
+    for name, (_, scheme) in stacks.items():
+        at_test = max_shift if scheme.embedding == "shape" else 0
+        assert offsets_found(got[name], references[name]) == [at_test] * 3, name
     model.train()
     for _ in range(4):
         got = first_block_inputs(model, src, lengths, prev)
         for name, (_, scheme) in stacks.items():
             found = offsets_found(got[name], references[name])
-            assert None not in found, (name, scheme.name, found)  # the others: their only reference, offset 0
+            assert None not in found and max_shift not in found, (name, scheme.name, found)  # the others: 0
 
 
 def test_shape_draws_every_offset_per_sequence_and_stack():
-    """SHAPE in training: each sequence's offset takes every value of 0..K, drawn independently per stack."""
+    """SHAPE in training: each sequence's offset takes every value of 0..K-1, drawn independently per stack."""
     max_shift = 3
     model = build("shape_transformer_tiny", shape_max_shift=max_shift).double().train()
     src, lengths, prev = padded_toy_batch()
@@ -464,7 +530,7 @@ def test_shape_draws_every_offset_per_sequence_and_stack():
             draws[name].append(offsets_found(got[name], references[name]))
     for name, found in draws.items():
         for b in range(src.size(0)):
-            assert {f[b] for f in found} == set(range(max_shift + 1)), (name, b, [f[b] for f in found])
+            assert {f[b] for f in found} == set(range(max_shift)), (name, b, [f[b] for f in found])
     assert draws["encoder"] != draws["decoder"]
 
 
@@ -499,6 +565,8 @@ def _train_argv(arch, *flags):
     (("--position-scheme", "wavy"), "argument --position-scheme: invalid choice: 'wavy'"),
     (("--t5-num-buckets", "2"), "argument --t5-num-buckets: must be >= 4, got 2"),
     (("--shape-max-shift", "-1"), "argument --shape-max-shift: must be >= 0, got -1"),
+    (("--shape-eval-offset", "x"), "argument --shape-eval-offset: expected an integer, got 'x'"),
+    (("--t5-bias-init", "ones"), "argument --t5-bias-init: invalid choice: 'ones' (choose from glorot, normal, zeros)"),
     (("--rope-base", "x"), "argument --rope-base: expected a number, got 'x'"),
 ])
 def test_a_bad_flag_is_one_line(flags, message, capsys):

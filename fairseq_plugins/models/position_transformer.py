@@ -34,6 +34,7 @@ from ..modules.position_schemes import NEW_SCHEMES, SCHEMES
 STACK_SCHEMES = {n: s for n, s in SCHEMES.items() if s.selectable}  # what --position-scheme can name
 from ..modules.positional_attention import PositionalSelfAttention
 from ..modules.shape_positions import ShapePositionalEmbedding
+from ..modules.t5_bias import T5_INITS
 
 
 def _scheme_names(encoder):
@@ -54,8 +55,16 @@ def add_position_args(parser):
                         help="T5 bias: distances from D on share the last bucket (default 128)")
     parser.add_argument("--rope-base", action=OneLineFlag, parse=positive(float), metavar="b",
                         help="RoPE: θ_i = b^(-2i/d) (default 10000, the paper's)")
+    parser.add_argument("--t5-bias-init", action=OneLineFlag, parse=one_of(T5_INITS), metavar="INIT",
+                        help="T5 bias: the table's initialisation: glorot (default; T5's own code, "
+                             "mesh-tensorflow: U(-a, a), a = sqrt(6 / (heads + buckets))), normal (HF transformers' "
+                             "port: N(0, 1/d_model)) or zeros")
     parser.add_argument("--shape-max-shift", action=OneLineFlag, parse=at_least(int, 0), metavar="K",
-                        help="SHAPE: training offsets drawn from 0..K per sequence, none at test (default 100)")
+                        help="SHAPE: training offsets drawn uniformly from 0..K-1, one per sequence, as the authors' "
+                             "code (default 100; 0: no shift)")
+    parser.add_argument("--shape-eval-offset", action=OneLineFlag, parse=at_least(int, 0), metavar="E",
+                        help="SHAPE: the offset of every sequence at validation and test (default K, as the "
+                             "authors' code)")
 
 
 def stack_schemes(args):
@@ -104,7 +113,7 @@ def _embedding(scheme, cfg, embed_dim, padding_idx, max_positions, stack):
         return stack.embed_positions
     if scheme.embedding == "shape":
         return ShapePositionalEmbedding(embed_dim, padding_idx, max_positions + padding_idx + 1,
-                                        cfg.shape_max_shift)
+                                        cfg.shape_max_shift, cfg.shape_eval_offset)
     return None
 
 
@@ -181,9 +190,12 @@ def position_transformer(args):
     args.decoder_position_scheme = getattr(args, "decoder_position_scheme", None)
     args.t5_num_buckets = getattr(args, "t5_num_buckets", None) or 32
     args.t5_max_distance = getattr(args, "t5_max_distance", None) or 128
+    args.t5_bias_init = getattr(args, "t5_bias_init", None) or "glorot"
     args.rope_base = getattr(args, "rope_base", None) or 10000.0
     shift = getattr(args, "shape_max_shift", None)
     args.shape_max_shift = 100 if shift is None else shift
+    offset = getattr(args, "shape_eval_offset", None)
+    args.shape_eval_offset = args.shape_max_shift if offset is None else offset
     base_architecture(args)
 
 

@@ -11,6 +11,16 @@ bucket(·): with n = i − j (how far back key j lies from query i),
   buckets log-spaced up to the maximum distance D, every n ≥ D in the last one.
 Defaults B = 32, D = 128; one table β (B, heads) shared by all layers of a stack (the paper's).
 
+Initialisation (``--t5-bias-init``), T5's own code by default: mesh-tensorflow creates the table
+(``relative_attention_bias``, heads × buckets, ``transformer_layers.py``) with TF's default glorot-uniform
+initializer, β ~ U(−a, a), a = sqrt(6 / (heads + B)) (0.41 for 4 heads, B = 32); HF transformers' port draws
+N(0, 1/d_model) (``normal``); ``zeros`` is this project's earlier start. A bucket that no training pair reaches
+gets no gradient, and Adam without weight decay leaves a parameter whose gradient is always zero where it is:
+at test its β is its initial draw, an untrained per-head bias on the scale of the initialisation (with
+``zeros``, exactly 0: no bias where the trained buckets next to it have theirs). Multi30k's longest training pair (49 source, 51 target tokens
+with EOS) reaches neither the encoder's buckets for |n| ≥ 64 (14, 15, 30, 31) nor the decoder's for n ≥ 52
+(25 to 31): a longer test sentence meets them.
+
 Mapping to code: ``relative_bucket`` is bucket(·); ``T5Bias.score_bias(q_pos, k_pos)`` returns β[bucket] as
 (heads, T, S), which ``PositionalSelfAttention`` adds to its logits. T5 folds 1/sqrt(d_z) into its weight
 initialisation; here fairseq's scaling stays, so the bias adds to the scaled logits. No bias in the
@@ -41,12 +51,16 @@ def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max
     return bucket + torch.where(n < exact, n, large)
 
 
+T5_INITS = ("glorot", "normal", "zeros")  # --t5-bias-init: mesh-tensorflow's, HF transformers', none
+
+
 class T5Bias(nn.Module):
     """One stack's β (num_buckets, heads): ``score_bias`` gives the (heads, T, S) logit bias."""
 
     rotates = False
 
-    def __init__(self, num_heads: int, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128):
+    def __init__(self, num_heads: int, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128,
+                 init: str = "glorot", d_model: int = None):
         super().__init__()
         exact = num_buckets // (2 if bidirectional else 1) // 2  # distances with a bucket of their own
         if exact < 1 or max_distance <= exact:
@@ -54,7 +68,16 @@ class T5Bias(nn.Module):
                              f"buckets per direction and a maximum distance above the {exact} exact ones")
         self.bidirectional, self.num_buckets, self.max_distance = bidirectional, num_buckets, max_distance
         self.bias = nn.Embedding(num_buckets, num_heads)
-        nn.init.zeros_(self.bias.weight)  # starts without position information, as NoPE, and learns it
+        if init == "glorot":  # fan_in + fan_out = heads + buckets, whichever way round the table lies
+            nn.init.xavier_uniform_(self.bias.weight)
+        elif init == "normal":
+            if d_model is None:
+                raise ValueError("--t5-bias-init normal: N(0, 1/d_model) needs the model dimension")
+            nn.init.normal_(self.bias.weight, std=d_model ** -0.5)
+        elif init == "zeros":
+            nn.init.zeros_(self.bias.weight)
+        else:
+            raise ValueError(f"--t5-bias-init must be one of {', '.join(T5_INITS)} (got {init!r})")
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         buckets = relative_bucket(k_pos[None, :] - q_pos[:, None], self.bidirectional, self.num_buckets,

@@ -19,7 +19,9 @@
 #                   (scripts/transformer_to_floater.py), fine-tuned FT_EPOCHS epochs at half the peak lr
 #   transformer_ft  control: the same seed's transformer fine-tuned exactly like floater_warm, without FLOATER
 #   any other model name of the table of schemes (python -m fairseq_plugins models: learned, every_layer, shape,
-#                   t5, alibi, rope, nope), its _tiny architecture with the dimensions of MODEL_ARGS
+#                   t5, alibi, rope, nope), its _tiny architecture with the dimensions of MODEL_ARGS; shape with
+#                   --shape-max-shift SHAPE_K (default 50: at least Multi30k's longest training sentence, 48
+#                   source / 50 target pieces; the architecture's default, 100, is for WMT)
 # Every run is evaluated on the average of its last AVG (fine-tunes: FT_AVG) epoch checkpoints, beam 5, length
 # penalty 1: sacreBLEU (cased, detokenized, with signature) and the literature's tokenized lowercased BLEU.
 #
@@ -34,7 +36,14 @@
 # Train-short / test-long protocol (FLOATER Fig. 2): MAX_TRAIN_LEN=14 trains on pairs whose source has <= 14
 # words, into its own data, checkpoint and result directories, and adds BLEU by source length (EDGES), beside
 # which it puts the same model and seed trained on all lengths (ALL_LENGTHS_RUNS, default: OUT_DIR's parent's
-# runs/, i.e. the study without MAX_TRAIN_LEN) when that run used the same recipe.
+# runs/, i.e. the study without MAX_TRAIN_LEN) when that run used the same recipe. MAX_TRAIN_TOKENS=18 caps
+# training pairs in tokens instead: source and target each at most 18 sentencepiece pieces of the run's own model
+# (the full training set's, trained first: the cap is exact), into data/checkpoint/result dirs of its own (_tok18).
+#
+# Length probe (scripts/length_probe.py): right after its test decoding, every run translates test sentences
+# joined k at a time (k = 1, 2, ... until beyond 3x its longest training source in tokens) and scores them by
+# source length relative to that longest training source: runs/MODEL.seedS.probe.json (+ .probe.hyp), and
+# probe_table.md (mean +- std over seeds). A finished run without its probe is probed when its checkpoint is here.
 #
 # The runs take hours: to keep them on one fixed version of the code, run the script from a snapshot of a commit
 # (git archive HEAD | tar -x -C SNAP; CODE_VERSION=<commit> DATA_DIR=... CKPT_ROOT=... OUT_DIR=... absolute).
@@ -43,9 +52,10 @@
 # on seed 3, results/multi30k_study/probe.md), LR (0.005), FT_EPOCHS (3), FT_WARMUP (50), AVG (3), FT_AVG (2),
 # VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
 # DEVICE (cpu, the default; cuda: training and decoding on the GPU, JOBS runs sharing it; not part of the recipe),
-# MAX_TRAIN_LEN, EDGES, ALL_LENGTHS_RUNS, TABLES_ONLY, MULTI30K_DIR (../shared/data/multi30k); DATA_DIR,
-# CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN], checkpoints/multi30k_study[_lenN],
-# results/multi30k_study[/lenN]). A finished run records the recipe; asking for another recipe is an error.
+# MAX_TRAIN_LEN, MAX_TRAIN_TOKENS, EDGES, ALL_LENGTHS_RUNS, SHAPE_K, TABLES_ONLY, MULTI30K_DIR
+# (../shared/data/multi30k); DATA_DIR, CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN|_tokN],
+# checkpoints/multi30k_study[_lenN|_tokN], results/multi30k_study[/lenN|/tokN]). A finished run records the
+# recipe; asking for another recipe is an error.
 set -euo pipefail
 
 main() {
@@ -60,22 +70,25 @@ AVG=${AVG:-3} FT_AVG=${FT_AVG:-2}
 VOCAB=${VOCAB:-10000} MAX_TOKENS=${MAX_TOKENS:-4096} BEAM=${BEAM:-5} LENPEN=${LENPEN:-1}
 JOBS=${JOBS:-1} THREADS=${THREADS:-1}
 DEVICE=${DEVICE:-cpu}
-MAX_TRAIN_LEN=${MAX_TRAIN_LEN:-}
+MAX_TRAIN_LEN=${MAX_TRAIN_LEN:-} MAX_TRAIN_TOKENS=${MAX_TRAIN_TOKENS:-} SHAPE_K=${SHAPE_K:-50}
 EDGES=${EDGES:-1,10,15,20,inf}
 MODEL_ARGS=${MODEL_ARGS:-"--encoder-layers 4 --decoder-layers 4 --encoder-embed-dim 128 --decoder-embed-dim 128 \
 --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 --encoder-attention-heads 4 --decoder-attention-heads 4"}
 MULTI30K_DIR=${MULTI30K_DIR:-../shared/data/multi30k}
-suffix=${MAX_TRAIN_LEN:+_len$MAX_TRAIN_LEN}
+suffix=${MAX_TRAIN_LEN:+_len$MAX_TRAIN_LEN}${MAX_TRAIN_TOKENS:+_tok$MAX_TRAIN_TOKENS}
 DATA=${DATA_DIR:-data/multi30k_study_$SRC$TGT$suffix}
 CKPT_ROOT=${CKPT_ROOT:-checkpoints/multi30k_study$suffix}
-OUT=${OUT_DIR:-results/multi30k_study${MAX_TRAIN_LEN:+/len$MAX_TRAIN_LEN}}
+OUT=${OUT_DIR:-results/multi30k_study${suffix:+/${suffix#_}}}
 
 # --- check every input before anything is written
-for v in EPOCHS WARMUP FT_EPOCHS FT_WARMUP AVG FT_AVG VOCAB MAX_TOKENS BEAM JOBS THREADS ${MAX_TRAIN_LEN:+MAX_TRAIN_LEN}; do
+for v in EPOCHS WARMUP FT_EPOCHS FT_WARMUP AVG FT_AVG VOCAB MAX_TOKENS BEAM JOBS THREADS SHAPE_K \
+    ${MAX_TRAIN_LEN:+MAX_TRAIN_LEN} ${MAX_TRAIN_TOKENS:+MAX_TRAIN_TOKENS}; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v=${!v}: expected a positive integer"
 done
 [[ $DEVICE == cpu || $DEVICE == cuda ]] || die "DEVICE=$DEVICE: expected cpu or cuda"
 export DEVICE  # train_small.sh and generate.sh: --cpu or not
+[[ -z $MAX_TRAIN_LEN || -z $MAX_TRAIN_TOKENS ]] ||
+  die "MAX_TRAIN_LEN=$MAX_TRAIN_LEN and MAX_TRAIN_TOKENS=$MAX_TRAIN_TOKENS: choose one cap (words or tokens)"
 [[ $LR =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ ]] || die "LR=$LR: expected a positive number"
 [[ $LENPEN =~ ^[0-9]*\.?[0-9]+$ ]] || die "LENPEN=$LENPEN: expected a number"
 [[ -z ${TABLES_ONLY:-} || $TABLES_ONLY == 1 ]] || die "TABLES_ONLY=$TABLES_ONLY: expected 1 (or unset)"
@@ -111,6 +124,18 @@ if [ ! -s "$DATA/raw/test.$TGT" ]; then
   if [ -n "$MAX_TRAIN_LEN" ]; then
     python scripts/filter_by_length.py --max-words "$MAX_TRAIN_LEN" \
       --src "$MULTI30K_DIR/train.$SRC" --tgt "$MULTI30K_DIR/train.$TGT" --out-prefix "$DATA/raw/train"
+  elif [ -n "$MAX_TRAIN_TOKENS" ]; then
+    # the run's sentencepiece model is the full training set's (prepare_bitext.sh keeps an existing spm.model),
+    # so that the cap holds exactly for the pieces the model is trained on
+    if [ ! -s "$DATA/spm.model" ]; then
+      rm -rf "$DATA/spm.tmp" && mkdir -p "$DATA/spm.tmp"
+      python scripts/spm_train.py --input "$MULTI30K_DIR/train.$SRC" "$MULTI30K_DIR/train.$TGT" \
+        --model-prefix "$DATA/spm.tmp/spm" --vocab-size "$VOCAB" --max-sentences "${SPM_TRAIN_SENTENCES:-2000000}"
+      mv "$DATA/spm.tmp/spm.vocab" "$DATA/spm.vocab" && mv "$DATA/spm.tmp/spm.model" "$DATA/spm.model"
+      rm -rf "$DATA/spm.tmp"
+    fi
+    python scripts/filter_by_length.py --max-tokens "$MAX_TRAIN_TOKENS" --spm "$DATA/spm.model" \
+      --src "$MULTI30K_DIR/train.$SRC" --tgt "$MULTI30K_DIR/train.$TGT" --out-prefix "$DATA/raw/train"
   else
     for lang in "$SRC" "$TGT"; do copy "$MULTI30K_DIR/train.$lang" "$DATA/raw/train.$lang"; done
   fi
@@ -121,7 +146,8 @@ if [ ! -s "$DATA/raw/test.$TGT" ]; then
 fi
 bash scripts/prepare_bitext.sh "$DATA/raw" "$DATA" "$SRC" "$TGT" "$VOCAB"
 RECIPE="epochs=$EPOCHS warmup=$WARMUP lr=$LR ft_epochs=$FT_EPOCHS ft_warmup=$FT_WARMUP avg=$AVG ft_avg=$FT_AVG \
-vocab=$VOCAB max_tokens=$MAX_TOKENS beam=$BEAM lenpen=$LENPEN max_train_len=${MAX_TRAIN_LEN:-none} model_args=$MODEL_ARGS"
+vocab=$VOCAB max_tokens=$MAX_TOKENS beam=$BEAM lenpen=$LENPEN max_train_len=${MAX_TRAIN_LEN:-none} \
+${MAX_TRAIN_TOKENS:+max_train_tokens=$MAX_TRAIN_TOKENS }model_args=$MODEL_ARGS"
 
 # --- the runs, in the order scripts/study.py plan gives: everything trained from scratch, then (once all of
 # those have finished) what starts from a trained transformer; JOBS of them side by side
@@ -163,6 +189,7 @@ tabulate() {
   python scripts/study.py table --runs "$OUT/runs" --models "$models" --seeds "$seeds" --pair "$PAIR" \
     --sentences "$sentences" --out "$OUT" \
     --source-dependence "$OUT/source_dependence" "${split[@]}" ${split:+--split-note "longer than any training sentence"}
+  python scripts/length_probe.py table --runs "$OUT/runs" --models "$models" --seeds "$seeds" --out "$OUT/probe_table.md"
   [ ! -d "$OUT" ] || python scripts/result_paths.py "$OUT" > /dev/null  # older code wrote absolute paths
   if compgen -G "$OUT/runs/*.json" > /dev/null; then
     local ft=
@@ -217,16 +244,27 @@ length_score() {  # HYP MODEL NAME OUT [--note NOTE]: sacreBLEU per source-lengt
 
 copy() { cp "$1" "$2.tmp" && mv "$2.tmp" "$2"; }
 
+probe() {  # RUN_DIR MODEL NAME OUT: the length probe of the run's evaluated checkpoint (its log: RUN_DIR/train.log)
+  echo "== $3: length probe" >> "$1/train.log"
+  python scripts/length_probe.py score --data "$DATA" --checkpoint "$1/average.pt" --model "$2" --name "$3" \
+    --src "$SRC" --tgt "$TGT" --beam "$BEAM" --lenpen "$LENPEN" --out "$4" >> "$1/train.log" 2>&1 ||
+    { echo "== $3: length probe failed; last lines of $1/train.log:" >&2; tail -3 "$1/train.log" >&2; return 1; }
+}
+
 # One (model, seed): train (resuming), average, translate test, score. Its own log: CKPT_ROOT/MODEL.seedS/train.log.
 run_one() {
   local model=$1 seed=$2
   local name=$model.seed$seed
   local dir=$CKPT_ROOT/$name result=$OUT/runs/$name.json
-  local again= decision
+  local again= probe_only= decision
   decision=$(python scripts/study.py decide --model "$model" --seed "$seed" --models "$MODELS" --out "$OUT" \
     --run-dir "$dir" --recipe "$RECIPE") || return 1
   case $decision in
-    skip) echo "== $name: skipped (done: $result)"; return 0 ;;
+    skip) # a run finished before the length probe existed is probed if its evaluated checkpoint is still here
+      if [ -s "$OUT/runs/$name.probe.json" ] || [ ! -s "$dir/average.pt" ] || [ -e "$dir/retrain.txt" ]; then
+        echo "== $name: skipped (done: $result)"; return 0
+      fi
+      probe_only=1 ;;
     retrain) again=1  # trained again with the same command; the recorded result is kept
       echo "== $name: done ($result), but its checkpoints are not here and its fine-tunes need them" ;;
   esac
@@ -235,7 +273,13 @@ run_one() {
   local lock
   exec {lock}> "$dir/.lock"
   flock -n "$lock" || { echo "== $name: another study process is running it ($dir/.lock): left to that one"; return 0; }
-  local arch flags epochs=$EPOCHS warmup=$WARMUP lr=$LR avg=$AVG extra=() offset=0 origin=
+  if [ -n "$probe_only" ]; then
+    echo "== $name: done ($result); its length probe now"
+    probe "$dir" "$model" "$name" "$OUT/runs/$name.probe.json" || return 1
+    tabulate > /dev/null
+    return 0
+  fi
+  local arch flags epochs=$EPOCHS warmup=$WARMUP lr=$LR avg=$AVG extra=() offset=0 origin= shape_k=
   case $model in
     relative) arch=relative_transformer_tiny extra=(--max-relative-positions 16) ;;  # Shaw et al. base: k = 16
     floater_warm|transformer_ft)
@@ -258,7 +302,8 @@ run_one() {
       fi ;;
     *) read -r arch flags <<< "$(python -m fairseq_plugins arch "$model")"  # the table's tiny arch and flags
        # shellcheck disable=SC2206
-       extra=($flags) ;;
+       extra=($flags)
+       [ "$model" != shape ] || { shape_k=$SHAPE_K; extra+=(--shape-max-shift "$shape_k"); } ;;
   esac
   echo "== $name: training $arch (log: $dir/train.log)"
   # shellcheck disable=SC2086
@@ -269,6 +314,7 @@ run_one() {
     >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
   REUSE=1 SRC=$SRC TGT=$TGT BEAM=$BEAM LENPEN=$LENPEN bash scripts/generate.sh "$DATA" "$dir/average.pt" test \
     "$dir/test.json" >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
+  probe "$dir" "$model" "$name" "$OUT/runs/$name${again:+.retrained}.probe.json" || return 1
   local record=$result
   if [ -n "$again" ]; then
     # the fine-tunes are compared with the run they continue: on another machine it can differ from the record
@@ -281,7 +327,8 @@ run_one() {
   python scripts/study.py run-result --model "$model" --seed "$seed" --test-json "$dir/test.json" \
     --ref "$DATA/raw/test.$TGT" --train-log "$dir/train.log" --out "$record" \
     --meta "recipe=$RECIPE" "arch=$arch" "epochs=$epochs" "lr=$lr" "averaged=$avg" "update_offset=$offset" \
-    "code=$CODE" "threads=$THREADS" "jobs=$JOBS" "device=$DEVICE" ${origin:+"source=$origin"} |
+    "code=$CODE" "threads=$THREADS" "jobs=$JOBS" "device=$DEVICE" ${origin:+"source=$origin"} \
+    ${shape_k:+"shape_max_shift=$shape_k"} |
     sed "s/^/== /"
   if [ -n "$again" ]; then
     python scripts/study.py retrain-note --recorded "$result" --test-json "$dir/test.json" \

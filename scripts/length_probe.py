@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""The length probe: translation past the longest training sentence, made of test sentences joined k at a time.
+
+  # one finished run: its evaluated checkpoint and the study's data directory (bin/, spm.model, raw/test.*)
+  scripts/length_probe.py score --data data/multi30k_study_ende --checkpoint CKPT_DIR/t5.seed1/average.pt \
+      --name t5.seed1 --model t5 --out results/multi30k_study/runs/t5.seed1.probe.json
+  # mean ± std over seeds, per model and bucket, of the probe results in RUNS (MODEL.seedS.probe.json)
+  scripts/length_probe.py table --runs results/multi30k_study/runs --models "transformer t5" --seeds "1 2 3" \
+      --out results/multi30k_study/probe_table.md
+
+Design. L = the longest training source in tokens as the encoder sees it (sentencepiece pieces + EOS), read from
+the run's binarized training data. Probe j of k (j = 0..N-1, N = --per-k) is the k consecutive test sentences
+from sentence j·⌊n/N⌋ on (wrapping round the n test sentences), sources and references each joined with a space:
+the same N starting points for every k, so that a longer probe extends a shorter one. k = 1, 2, ... until N
+probes are longer than --beyond × L (default 3), so the last bucket holds at least N probes. A probe's length is
+its pieces of the run's sentencepiece model + EOS; its bucket, that length relative to L (--edges 1,1.5,2,3:
+≤ 1×, 1–1.5×, 1.5–2×, 2–3×, > 3×). Decoding is the test set's (scripts/generate.sh: beam, length penalty) with
+--max-len-a 2 --max-len-b 10, so that no reference-length output is cut; a probe or output longer than the
+model's max_source/target_positions is refused, not truncated. Per bucket: the Multi30k literature's tokenized
+lowercased BLEU (tooling/bleu.py), the hypothesis/reference length ratio in those tokens, and how many outputs
+reached the length cap. Writes OUT (atomically) and the detokenized hypotheses beside it (OUT minus .json + .hyp).
+
+Cost on Multi30k (the study's 4+4-layer d = 128 model, one thread): trained on all lengths, L = 49 and k = 1..12,
+240 probes of 21,442 source tokens (1.4× the test set); a 1-epoch model, whose outputs often ran to the cap (the
+slowest case), took 92 s (45 s of CPU) on a busy 2-core machine. ≤ 14-word training: L = 38, k = 1..9, 180
+probes; MAX_TRAIN_TOKENS=18: L = 19, k = 1..5, 100 probes.
+"""
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from tooling.atomic import write_json, write_text
+from tooling.bleu import METHOD_LOWERCASE, tokenized_bleu
+from tooling.paths import REPO, portable
+
+PROBE_FILE = re.compile(r"(\w+)\.seed(\d+)\.probe\.json")
+MAX_LEN_A, MAX_LEN_B = 2, 10
+
+
+def fail(message):
+    sys.exit(f"length_probe.py: {message}")
+
+
+def read_lines(path, flag):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f]
+    except OSError as err:
+        fail(f"{flag} {path}: {err.strerror}")
+
+
+def parse_edges(text):
+    try:
+        edges = [float(e) for e in text.split(",")]
+    except ValueError:
+        fail(f"--edges must be comma-separated numbers (multiples of the longest training source), got {text!r}")
+    if not edges or edges[0] <= 0 or any(b <= a for a, b in zip(edges, edges[1:])):
+        fail(f"--edges must be positive and strictly increasing, got {text!r}")
+    return edges
+
+
+def bucket_labels(edges):
+    return ([f"≤ {edges[0]:g}×"] + [f"{a:g}–{b:g}×" for a, b in zip(edges, edges[1:])] + [f"> {edges[-1]:g}×"])
+
+
+def bucket_of(ratio, edges):
+    return next((i for i, e in enumerate(edges) if ratio <= e), len(edges))
+
+
+def longest_training(data, src, tgt):
+    """(longest source, longest target) of the run's binarized training data, in tokens (pieces + EOS)."""
+    from fairseq.data import indexed_dataset
+
+    lengths = []
+    for lang in (src, tgt):
+        prefix = os.path.join(data, "bin", f"train.{src}-{tgt}.{lang}")
+        impl = indexed_dataset.infer_dataset_impl(prefix)
+        dataset = indexed_dataset.make_dataset(prefix, impl) if impl else None
+        if dataset is None:
+            fail(f"--data {data}: no binarized training data {prefix}.bin/.idx (expected prepare_bitext.sh output)")
+        lengths.append(int(dataset.sizes.max()))
+    return tuple(lengths)
+
+
+def make_probes(src, ref, count_tokens, longest, per_k, beyond, max_k):
+    """[(k, start, source, reference, source tokens)], k = 1, 2, ... until per_k probes are > beyond × longest."""
+    n = len(src)
+    if n < per_k:
+        fail(f"the test set has {n} sentences: fewer than --per-k {per_k}")
+    stride = n // per_k
+    probes, k = [], 0
+    while sum(p[4] > beyond * longest for p in probes) < per_k:
+        k += 1
+        if k > max_k:
+            fail(f"k = {max_k} (--max-k) joined test sentences are not longer than {beyond:g} × {longest} tokens "
+                 f"for {per_k} probes")
+        for j in range(per_k):
+            idx = [(j * stride + i) % n for i in range(k)]
+            source = " ".join(src[i] for i in idx)
+            probes.append((k, j * stride, source, " ".join(ref[i] for i in idx), count_tokens(source)))
+    return probes
+
+
+def model_positions(checkpoint):
+    """(max_source_positions, max_target_positions) of the checkpoint's model."""
+    from fairseq import checkpoint_utils
+
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
+    except (OSError, RuntimeError, ValueError) as err:
+        fail(f"--checkpoint {checkpoint}: not a readable fairseq checkpoint ({str(err).splitlines()[0][:200]})")
+    model = state["cfg"]["model"]  # a DictConfig or a Namespace
+    return tuple(int(getattr(model, f"max_{side}_positions", None) or 1024) for side in ("source", "target"))
+
+
+def hypothesis_pieces(generate_log):
+    """{sentence id: number of pieces} of fairseq-generate's 'H-<id>\\t<score>\\t<pieces>' lines."""
+    pieces = {}
+    with open(generate_log, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("H-"):
+                head, _score, *text = line.rstrip("\n").split("\t")
+                pieces[int(head[2:])] = len(text[0].split()) if text else 0
+    return pieces
+
+
+def decode(args, probes, tmp):
+    """The probes translated with scripts/generate.sh: (detokenized hypotheses, pieces per hypothesis, wall seconds,
+    CPU seconds of the processes it ran)."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(args.data, "spm.model"))
+    for folder in ("raw", "spm"):
+        os.makedirs(os.path.join(tmp, folder))
+    for side, lang in ((2, args.src), (3, args.tgt)):
+        lines = [p[side] for p in probes]
+        write_text(os.path.join(tmp, "raw", f"test.{lang}"), "".join(line + "\n" for line in lines))
+        write_text(os.path.join(tmp, "spm", f"test.{lang}"),
+                   "".join(" ".join(pieces) + "\n" for pieces in sp.encode(lines, out_type=str)))
+    shutil.copyfile(os.path.join(args.data, "spm.model"), os.path.join(tmp, "spm.model"))
+    dicts = [os.path.join(args.data, "bin", f"dict.{lang}.txt") for lang in (args.src, args.tgt)]
+    start, cpu = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(["fairseq-preprocess", "--source-lang", args.src, "--target-lang", args.tgt,
+                    "--srcdict", dicts[0], "--tgtdict", dicts[1], "--testpref", os.path.join(tmp, "spm", "test"),
+                    "--destdir", os.path.join(tmp, "bin"), "--workers", "1"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "SRC": args.src, "TGT": args.tgt, "BEAM": str(args.beam), "LENPEN": str(args.lenpen)}
+    proc = subprocess.run(["bash", "scripts/generate.sh", tmp, os.path.abspath(args.checkpoint), "test",
+                           os.path.join(tmp, "probe.json"), "--max-len-a", str(MAX_LEN_A), "--max-len-b",
+                           str(MAX_LEN_B)], cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        fail(f"decoding failed: {(proc.stderr.strip().splitlines() or ['(no message)'])[-1]}")
+    seconds, after = time.time() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
+    hyps = read_lines(os.path.join(tmp, "probe.hyp"), "hypotheses")
+    pieces = hypothesis_pieces(os.path.join(tmp, "probe.gen"))
+    return hyps, [pieces[i] for i in range(len(probes))], seconds, cpu_seconds
+
+
+def score(args):
+    edges = parse_edges(args.edges)
+    for path, flag in ((args.checkpoint, "--checkpoint"), (os.path.join(args.data, "spm.model"), "--data")):
+        if not os.path.isfile(path):
+            fail(f"{flag}: {path} not found")
+    src = read_lines(os.path.join(args.data, "raw", f"test.{args.src}"), "--data")
+    ref = read_lines(os.path.join(args.data, "raw", f"test.{args.tgt}"), "--data")
+    if len(src) != len(ref) or not src:
+        fail(f"--data {args.data}: raw/test.{args.src} and raw/test.{args.tgt} have {len(src)} and {len(ref)} lines")
+    longest_src, longest_tgt = longest_training(args.data, args.src, args.tgt)
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(args.data, "spm.model"))
+    probes = make_probes(src, ref, lambda text: len(sp.encode(text)) + 1, longest_src, args.per_k, args.beyond,
+                         args.max_k)
+    max_src, max_tgt = model_positions(args.checkpoint)
+    longest_probe = max(p[4] for p in probes)
+    if longest_probe > max_src:
+        fail(f"the longest probe has {longest_probe} source tokens, more than the model's max_source_positions "
+             f"{max_src}")
+    if MAX_LEN_A * longest_probe + MAX_LEN_B > max_tgt - 1:
+        fail(f"outputs of up to {MAX_LEN_A} × {longest_probe} + {MAX_LEN_B} tokens would pass the model's "
+             f"max_target_positions {max_tgt}: the longest would be cut")
+    with tempfile.TemporaryDirectory(prefix="length_probe.") as tmp:
+        hyps, pieces, seconds, cpu_seconds = decode(args, probes, tmp)
+    labels = bucket_labels(edges)
+    members = [[] for _ in labels]
+    for i, p in enumerate(probes):
+        members[bucket_of(p[4] / longest_src, edges)].append(i)
+    buckets = []
+    for b, (label, idx) in enumerate(zip(labels, members)):
+        row = {"bucket": label, "lo": edges[b - 1] if b else 0, "hi": edges[b] if b < len(edges) else None,
+               "probes": len(idx), "ks": sorted({probes[i][0] for i in idx}),
+               "source_tokens": [min(probes[i][4] for i in idx), max(probes[i][4] for i in idx)] if idx else None,
+               "bleu_tok_lc": None, "hyp_ref_ratio": None, "at_max_len": 0}
+        if idx:
+            bleu = tokenized_bleu([hyps[i] for i in idx], [probes[i][3] for i in idx], lowercase=True,
+                                  compounds=False)
+            row["bleu_tok_lc"], row["hyp_ref_ratio"] = round(bleu.score, 2), round(bleu.sys_len / bleu.ref_len, 3)
+            row["at_max_len"] = sum(pieces[i] >= int(MAX_LEN_A * probes[i][4] + MAX_LEN_B) for i in idx)
+        buckets.append(row)
+    base = args.out[:-len(".json")] if args.out.endswith(".json") else args.out
+    write_text(base + ".hyp", "".join(h + "\n" for h in hyps))
+    result = {
+        "name": args.name, "model": args.model or args.name.split(".")[0],
+        "checkpoint": portable(os.path.abspath(args.checkpoint)), "data": portable(os.path.abspath(args.data)),
+        "unit": "tokens: sentencepiece pieces of the run's model + EOS, as the encoder sees a sentence",
+        "train_longest_source": longest_src, "train_longest_target": longest_tgt,
+        "per_k": args.per_k, "ks": sorted({p[0] for p in probes}), "beyond": args.beyond, "edges": edges,
+        "probes": len(probes), "longest_probe_source": longest_probe,
+        "test_sentences": len(src), "stride": len(src) // args.per_k,
+        "decoding": {"beam": args.beam, "lenpen": args.lenpen, "max_len_a": MAX_LEN_A, "max_len_b": MAX_LEN_B,
+                     "max_source_positions": max_src, "max_target_positions": max_tgt},
+        "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1), "bleu_tok_lc_method": METHOD_LOWERCASE,
+        "hypotheses": os.path.basename(base + ".hyp"), "buckets": buckets,
+    }
+    write_json(args.out, result, indent=2)
+    cells = "  ".join(f"{b['bucket']}: {'-' if b['bleu_tok_lc'] is None else b['bleu_tok_lc']} ({b['probes']})"
+                      for b in buckets)
+    print(f"{args.name}: longest training source {longest_src} tokens; k = 1..{max(result['ks'])}, "
+          f"{len(probes)} probes up to {longest_probe} tokens, {seconds:.0f} s ({cpu_seconds:.0f} s CPU)  |  {cells}  "
+          f"-> {args.out}")
+
+
+def mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def table(args):
+    models, seeds = args.models.split(), [int(s) for s in args.seeds.split()]
+    results = {}
+    for name in sorted(os.listdir(args.runs)) if os.path.isdir(args.runs) else []:
+        m = PROBE_FILE.fullmatch(name)
+        if m and m.group(1) in models and int(m.group(2)) in seeds:
+            with open(os.path.join(args.runs, name), encoding="utf-8") as f:
+                try:
+                    results.setdefault(m.group(1), []).append(json.load(f))
+                except ValueError as err:
+                    fail(f"{os.path.join(args.runs, name)}: not a probe result ({err})")
+    if not results:
+        return  # no run of MODELS × SEEDS has its probe yet
+    runs = [r for model in models for r in results.get(model, [])]
+    first = runs[0]
+    design = ("train_longest_source", "edges", "ks", "per_k", "test_sentences")
+    for r in runs:
+        if any(r[key] != first[key] for key in design):
+            fail(f"{r['name']} and {first['name']} were probed differently ({', '.join(design)} must agree): "
+                 f"score them with the same data and settings")
+    longest = first["train_longest_source"]
+    heads = [f"{b['bucket']} ({b['source_tokens'][0]}–{b['source_tokens'][1]})" if b["source_tokens"] else b["bucket"]
+             for b in first["buckets"]]
+    lines = [f"Length probe: test sentences joined k = 1..{max(first['ks'])} at a time ({first['per_k']} probes per k), "
+             f"bucketed by source length relative to the longest training source ({longest} tokens: sentencepiece "
+             f"pieces + EOS); cells: mean ± std over seeds. Decoding: beam {first['decoding']['beam']}, length "
+             f"penalty {first['decoding']['lenpen']}, max length {MAX_LEN_A}·source + {MAX_LEN_B}.", ""]
+    for title, key in (("BLEU tok-lc", "bleu_tok_lc"), ("hypothesis / reference length (tok-lc tokens)",
+                                                         "hyp_ref_ratio")):
+        lines += [f"**{title}**", "", "| model | runs | " + " | ".join(heads) + " |",
+                  "|---" * (len(heads) + 2) + "|",
+                  "| probes | | " + " | ".join(str(b["probes"]) for b in first["buckets"]) + " |"]
+        for model in models:
+            group = results.get(model, [])
+            if group:
+                cells = [mean_std([r["buckets"][i][key] for r in group]) for i in range(len(heads))]
+                lines.append(f"| {model} | {len(group)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    capped = sum(b["at_max_len"] for r in runs for b in r["buckets"])
+    lines.append(f"Outputs that reached the length cap: {capped} of {sum(r['probes'] for r in runs)}. "
+                 f"Probe seconds per run: {min(r['seconds'] for r in runs):.0f}–{max(r['seconds'] for r in runs):.0f}.")
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        write_text(args.out, text)
+    print(text, end="")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("score", help="probe one run's checkpoint")
+    s.add_argument("--data", required=True, help="the study's data directory (bin/, spm.model, raw/test.*)")
+    s.add_argument("--checkpoint", required=True, help="the run's evaluated checkpoint (the study's average.pt)")
+    s.add_argument("--name", required=True, help="the run, e.g. t5.seed1")
+    s.add_argument("--model", help="the model the run is a seed of (default: --name up to its first dot)")
+    s.add_argument("--src", default="en")
+    s.add_argument("--tgt", default="de")
+    s.add_argument("--beam", type=int, default=5)
+    s.add_argument("--lenpen", type=float, default=1.0)
+    s.add_argument("--per-k", type=int, default=20, help="probes per k (default 20)")
+    s.add_argument("--beyond", type=float, default=3.0,
+                   help="k grows until --per-k probes are longer than this many times the longest training source")
+    s.add_argument("--max-k", type=int, default=60, help="refuse to join more sentences than this")
+    s.add_argument("--edges", default="1,1.5,2,3", help="bucket edges, multiples of the longest training source")
+    s.add_argument("--out", required=True, help="the probe result, e.g. runs/MODEL.seedS.probe.json")
+    s.set_defaults(func=score)
+    t = sub.add_parser("table", help="mean ± std over seeds per model and bucket")
+    t.add_argument("--runs", required=True, help="the folder of MODEL.seedS.probe.json files")
+    t.add_argument("--models", required=True)
+    t.add_argument("--seeds", required=True)
+    t.add_argument("--out", help="also write the table here")
+    t.set_defaults(func=table)
+    args = ap.parse_args()
+    if args.cmd == "score" and (args.per_k < 1 or args.beyond <= 0 or args.max_k < 1 or args.beam < 1):
+        fail("--per-k, --max-k and --beam must be positive integers and --beyond a positive number")
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""scripts/length_probe.py: probes made of joined test sentences reach the asked multiple of the longest training
+source (measured on the run's binarized data), every probe falls into exactly one bucket, each bucket's score is
+the tokenized lowercased BLEU of exactly its probes, decoding is scripts/generate.sh's, results are atomic and
+portable, bad input is one line; the table is mean ± std over seeds."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, env, run
+from helpers.small_task import run1, small_data, train_cmd
+
+import length_probe
+from tooling.bleu import tokenized_bleu
+
+
+def probe_cmd(data, checkpoint, out, *extra):
+    return [sys.executable, "scripts/length_probe.py", "score", "--data", str(data), "--checkpoint", str(checkpoint),
+            "--name", "transformer.seed1", "--src", "src", "--tgt", "tgt", "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The small toy corpus and a transformer trained on it for a few updates."""
+    data = small_data(tmp_path_factory)
+    save = tmp_path_factory.mktemp("probe_model")
+    run1(train_cmd(data, save, "transformer_tiny", "--encoder-layers", "1", "--decoder-layers", "1",
+                   max_update=8))
+    return data, save / "checkpoint_last.pt"
+
+
+def test_probes_grow_until_enough_are_beyond_the_multiple():
+    src = [f"s{i}" for i in range(10)]
+    ref = [f"r{i}" for i in range(10)]
+    probes = length_probe.make_probes(src, ref, lambda text: len(text.split()) + 1, longest=3, per_k=4, beyond=2,
+                                      max_k=20)
+    # one word per sentence: k sentences are k + 1 tokens; > 2 × 3 = 6 tokens from k = 6 on: 4 probes at k = 6
+    assert max(p[0] for p in probes) == 6 and len(probes) == 6 * 4
+    k3 = [p for p in probes if p[0] == 3]
+    assert [p[1] for p in k3] == [0, 2, 4, 6]  # the same starting points for every k (stride 10 // 4)
+    assert k3[3][2] == "s6 s7 s8" and k3[3][3] == "r6 r7 r8"
+    wrap = [p for p in probes if p[0] == 6][3]
+    assert wrap[2] == "s6 s7 s8 s9 s0 s1"  # round the test set
+    with pytest.raises(SystemExit, match="--max-k 5|k = 5"):
+        length_probe.make_probes(src, ref, lambda text: len(text.split()) + 1, 3, 4, 2, max_k=5)
+
+
+def test_buckets_are_relative_to_the_longest_training_source():
+    edges = length_probe.parse_edges("1,1.5,2,3")
+    assert length_probe.bucket_labels(edges) == ["≤ 1×", "1–1.5×", "1.5–2×", "2–3×", "> 3×"]
+    assert [length_probe.bucket_of(r, edges) for r in (0.2, 1.0, 1.01, 1.5, 2.0, 2.5, 3.0, 3.01)] == \
+        [0, 0, 1, 1, 2, 3, 3, 4]
+
+
+def test_score_a_finished_run(trained, tmp_path):
+    data, checkpoint = trained
+    out = tmp_path / "runs" / "transformer.seed1.probe.json"
+    printed = run1(probe_cmd(data, checkpoint, out, "--per-k", "8")).stdout
+    result = json.loads(out.read_text())
+    # the longest training source as the encoder sees it: the most pieces of a training source + EOS
+    pieces = [len(line.split()) for line in (data / "spm" / "train.src").read_text(encoding="utf-8").splitlines()]
+    longest = max(pieces) + 1
+    assert result["train_longest_source"] == longest
+    buckets = result["buckets"]
+    assert sum(b["probes"] for b in buckets) == result["probes"] == 8 * len(result["ks"])
+    assert result["ks"] == list(range(1, max(result["ks"]) + 1))
+    assert buckets[-1]["probes"] >= 8 and buckets[-1]["source_tokens"][0] > 3 * longest
+    assert result["longest_probe_source"] == max(b["source_tokens"][1] for b in buckets if b["probes"])
+    assert result["decoding"] == {"beam": 5, "lenpen": 1.0, "max_len_a": 2, "max_len_b": 10,
+                                  "max_source_positions": 1024, "max_target_positions": 1024}
+    # each bucket's BLEU is tok-lc BLEU on exactly its probes, rebuilt here from the test set and the hypotheses
+    src = (data / "raw" / "test.src").read_text(encoding="utf-8").splitlines()
+    ref = (data / "raw" / "test.tgt").read_text(encoding="utf-8").splitlines()
+    hyps = (tmp_path / "runs" / "transformer.seed1.probe.hyp").read_text(encoding="utf-8").splitlines()
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    probes = length_probe.make_probes(src, ref, lambda text: len(sp.encode(text)) + 1, longest, 8, 3.0, 60)
+    assert len(hyps) == len(probes)
+    edges = result["edges"]
+    for i, b in enumerate(buckets):
+        idx = [j for j, p in enumerate(probes) if length_probe.bucket_of(p[4] / longest, edges) == i]
+        assert len(idx) == b["probes"]
+        if idx:
+            bleu = tokenized_bleu([hyps[j] for j in idx], [probes[j][3] for j in idx], lowercase=True,
+                                  compounds=False)
+            assert b["bleu_tok_lc"] == round(bleu.score, 2) and b["hyp_ref_ratio"] == round(bleu.sys_len / bleu.ref_len, 3)
+    assert "transformer.seed1: longest training source" in printed
+    assert not list(tmp_path.rglob("*.tmp")) and not list((tmp_path / "runs").glob(".*"))
+
+
+def test_the_decoding_is_generate_sh_s(trained, tmp_path):
+    """The k = 1 probes are test sentences: their hypotheses are what scripts/generate.sh gives on test."""
+    data, checkpoint = trained
+    out = tmp_path / "p.probe.json"
+    run1(probe_cmd(data, checkpoint, out, "--per-k", "4", "--beyond", "1"))
+    hyps = (tmp_path / "p.probe.hyp").read_text(encoding="utf-8").splitlines()
+    run(["bash", "scripts/generate.sh", str(data), str(checkpoint), "test", str(tmp_path / "test.json"),
+         "--max-len-a", "2", "--max-len-b", "10"], env_extra={"SRC": "src", "TGT": "tgt", "BEAM": "5", "LENPEN": "1",
+                                                             "OMP_NUM_THREADS": "1"})
+    test = (tmp_path / "test.hyp").read_text(encoding="utf-8").splitlines()
+    stride = len(test) // 4
+    assert hyps[:4] == [test[j * stride] for j in range(4)]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"checkpoint": "missing.pt"}, "length_probe.py: --checkpoint: missing.pt not found"),
+    ({"data": "nowhere"}, "length_probe.py: --data: nowhere/spm.model not found"),
+    ({"extra": ["--edges", "2,1"]}, "length_probe.py: --edges must be positive and strictly increasing, got '2,1'"),
+    ({"extra": ["--per-k", "5000"]}, "length_probe.py: the test set has 40 sentences: fewer than --per-k 5000"),
+])
+def test_bad_input_is_one_line(trained, tmp_path, change, message):
+    data, checkpoint = trained
+    cmd = probe_cmd(change.get("data", data), change.get("checkpoint", checkpoint), tmp_path / "x.probe.json",
+                    *change.get("extra", []))
+    proc = subprocess.run(cmd, cwd=REPO, env={**env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines() == [message]
+    assert not list(tmp_path.iterdir())
+
+
+def fake_result(name, model, bleus, ratios, longest=20):
+    return {"name": name, "model": model, "train_longest_source": longest, "edges": [1, 2], "ks": [1, 2, 3],
+            "per_k": 4, "test_sentences": 40, "probes": 12, "seconds": 3.0,
+            "decoding": {"beam": 5, "lenpen": 1.0},
+            "buckets": [{"bucket": label, "probes": 4, "source_tokens": [lo, lo + 9], "bleu_tok_lc": b,
+                         "hyp_ref_ratio": r, "at_max_len": 0}
+                        for label, lo, b, r in zip(["≤ 1×", "1–2×", "> 2×"], [5, 21, 41], bleus, ratios)]}
+
+
+def test_table_mean_and_std_over_seeds(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for name, model, bleus, ratios in (("t5.seed1", "t5", [30, 20, 10], [1.0, 0.9, 0.8]),
+                                       ("t5.seed2", "t5", [32, 22, None], [1.0, 0.9, None]),
+                                       ("rope.seed1", "rope", [31, 25, 18], [1.0, 1.0, 0.95]),
+                                       ("rope.seed9", "rope", [0, 0, 0], [0, 0, 0])):  # a seed not asked for
+        (runs / f"{name}.probe.json").write_text(json.dumps(fake_result(name, model, bleus, ratios)))
+    (runs / "t5.seed1.retrained.probe.json").write_text("not read")
+    out = run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
+               "--seeds", "1 2", "--out", str(tmp_path / "probe_table.md")]).stdout
+    assert out == (tmp_path / "probe_table.md").read_text(encoding="utf-8")
+    assert "| model | runs | ≤ 1× (5–14) | 1–2× (21–30) | > 2× (41–50) |" in out
+    assert "| t5 | 2 | 31.00 ± 1.41 | 21.00 ± 1.41 | 10.00 |" in out
+    assert "| rope | 1 | 31.00 | 25.00 | 18.00 |" in out
+    assert "| t5 | 2 | 1.00 ± 0.00 | 0.90 ± 0.00 | 0.80 |" in out
+    (runs / "rope.seed1.probe.json").write_text(json.dumps(fake_result("rope.seed1", "rope", [1, 1, 1], [1, 1, 1],
+                                                                       longest=30)))
+    bad = run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
+               "--seeds", "1 2"], check=False)
+    assert bad.returncode != 0 and bad.stdout.strip().splitlines() == [
+        "length_probe.py: rope.seed1 and t5.seed1 were probed differently (train_longest_source, edges, ks, per_k, "
+        "test_sentences must agree): score them with the same data and settings"]
