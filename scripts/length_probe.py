@@ -38,7 +38,7 @@ import tempfile
 import time
 
 from tooling.atomic import write_json, write_text
-from tooling.bleu import METHOD_LOWERCASE, tokenized_bleu
+from tooling.bleu import METHOD_LOWERCASE, read_hypotheses, tokenized_bleu
 from tooling.paths import REPO, portable
 
 PROBE_FILE = re.compile(r"(\w+)\.seed(\d+)\.probe\.json")
@@ -121,17 +121,6 @@ def model_positions(checkpoint):
     return tuple(int(getattr(model, f"max_{side}_positions", None) or 1024) for side in ("source", "target"))
 
 
-def hypothesis_pieces(generate_log):
-    """{sentence id: number of pieces} of fairseq-generate's 'H-<id>\\t<score>\\t<pieces>' lines."""
-    pieces = {}
-    with open(generate_log, encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("H-"):
-                head, _score, *text = line.rstrip("\n").split("\t")
-                pieces[int(head[2:])] = len(text[0].split()) if text else 0
-    return pieces
-
-
 def decode(args, probes, tmp):
     """The probes translated with scripts/generate.sh: (detokenized hypotheses, pieces per hypothesis, wall seconds,
     CPU seconds of the processes it ran)."""
@@ -161,7 +150,7 @@ def decode(args, probes, tmp):
     seconds, after = time.time() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_seconds = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
     hyps = read_lines(os.path.join(tmp, "probe.hyp"), "hypotheses")
-    pieces = hypothesis_pieces(os.path.join(tmp, "probe.gen"))
+    pieces = {i: len(h.split()) for i, h in read_hypotheses(os.path.join(tmp, "probe.gen")).items()}
     return hyps, [pieces[i] for i in range(len(probes))], seconds, cpu_seconds
 
 

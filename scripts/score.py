@@ -12,18 +12,8 @@ import sacrebleu
 import sentencepiece as spm
 
 from tooling.atomic import write_json, write_text
+from tooling.bleu import read_hypotheses
 from tooling.paths import portable
-
-
-def read_hypotheses(generate_log):
-    """{sentence id: hypothesis pieces} from fairseq-generate's 'H-<id>\\t<score>\\t<pieces>' lines."""
-    hyps = {}
-    with open(generate_log, encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("H-"):
-                head, _score, *text = line.rstrip("\n").split("\t")
-                hyps[int(head[2:])] = text[0] if text else ""
-    return hyps
 
 
 def detokenize(hyps, n_refs, spm_model, log_name):

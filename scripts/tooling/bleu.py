@@ -68,3 +68,13 @@ def tokenized_stats(hypotheses, references, lowercase=False, compounds=True):
     return tokenized_metric()._extract_corpus_statistics([prepare(h, lowercase, compounds) for h in hypotheses],
                                                          [[prepare(r, lowercase, compounds) for r in references]])
 
+
+def read_hypotheses(generate_log):
+    """{sentence id: hypothesis pieces} from fairseq-generate's 'H-<id>\\t<score>\\t<pieces>' lines."""
+    hyps = {}
+    with open(generate_log, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("H-"):
+                head, _score, *text = line.rstrip("\n").split("\t")
+                hyps[int(head[2:])] = text[0] if text else ""
+    return hyps
