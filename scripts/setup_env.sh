@@ -65,8 +65,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "setup: using the torch $SYS_TORCH already installed for $PYTHON"
     "$PYTHON" -m venv --system-site-packages "$VENV"
     # PYTHON's own packages (its venv's, if it is one: a nested venv sees only the base interpreter's)
-    "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' > "$VENV/.base-site"
-    "$VENV/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/fairseq_plugins_base.pth', 'w').write(open(sys.argv[1]).read())" "$VENV/.base-site"
+    "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
+      > "$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')/fairseq_plugins_base.pth"
   elif [ -n "${BUNDLE:-}" ]; then
     echo "setup_env.sh: BUNDLE=$BUNDLE carries no torch: expected a PYTHON with torch >= $TORCH_FLOOR installed" >&2
     exit 1
