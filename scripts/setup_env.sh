@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One-shot, idempotent environment set-up: .venv/ with torch, patched fairseq 0.12.2 and the pinned
-# requirements. A rerun whose inputs (this script, requirements.txt, the patch) are unchanged exits at once.
+# requirements. A rerun whose inputs (this script, requirements.txt, the patch) are unchanged installs nothing: it
+# only points the venv at this checkout's code (a venv shared by two checkouts imports the last one set up).
+#   scripts/setup_env.sh [--stamp]   (--stamp: print the stamp a venv set up from these inputs records, and exit)
 #
 #   PYTHON=python3.11   interpreter for the venv (Python 3.10 to 3.13; default python3.11, else python3)
 #   VENV=.venv          where the venv goes
@@ -26,10 +28,27 @@ SDIST_SHA256=34f1b18426bf3844714534162f065ab733e049597476daa35fffb4d06a92b524
 PATCH=$ROOT/third_party/fairseq-0.12.2.patch
 case $VENV in /*) PY=$VENV/bin/python ;; *) PY=$ROOT/$VENV/bin/python ;; esac
 
-# the checkout's path is an input: a venv set up for one checkout imports that checkout's code (the .pth below)
-stamp_inputs() { { cat scripts/setup_env.sh requirements.txt "$PATCH"; echo "$ROOT ${BUNDLE:-}"; } | sha256sum | cut -c1-16; }
+# What is installed depends on these inputs only; which checkout the venv imports is set apart (link_checkout), so
+# that a venv shared by several checkouts imports the code of the one that last ran the set-up, at no reinstall.
+stamp_inputs() { { cat scripts/setup_env.sh requirements.txt "$PATCH"; echo "${BUNDLE:-}"; } | sha256sum | cut -c1-16; }
 STAMP=$(stamp_inputs)
+if [ "${1:-}" = --stamp ]; then  # the stamp a venv set up from this checkout's inputs records
+  echo "$STAMP"; exit 0
+fi
+# `import fairseq_plugins` from anywhere in the venv (Python API), as an editable install would, and the scripts'
+# shared library `tooling` (scripts/tooling/): this checkout's, written under a temporary name and renamed.
+link_checkout() {
+  local site pth
+  site=$("$PY" -c 'import site; print(site.getsitepackages()[0])')
+  pth=$site/fairseq_plugins_repo.pth
+  if [ "$(cat "$pth" 2>/dev/null)" != "$(printf '%s\n' "$ROOT" "$ROOT/scripts")" ]; then
+    printf '%s\n' "$ROOT" "$ROOT/scripts" > "$pth.tmp.$$"
+    mv -f "$pth.tmp.$$" "$pth"
+    echo "setup: $VENV now imports fairseq_plugins and tooling from $ROOT"
+  fi
+}
 if [ -f "$VENV/.setup-stamp" ] && [ "$(cat "$VENV/.setup-stamp")" = "$STAMP" ]; then
+  link_checkout
   exit 0
 fi
 
@@ -116,8 +135,6 @@ if ! ls "$WHEEL_DIR"/fairseq-*.whl >/dev/null 2>&1; then
 fi
 "${PIP[@]}" --no-deps --force-reinstall "$WHEEL_DIR"/fairseq-*.whl
 
-# `import fairseq_plugins` from anywhere in the venv (Python API), as an editable install would; and the scripts'
-# shared library `tooling` (scripts/tooling/) for tests and other importers (a script finds it beside itself).
-"$PY" -c "import site, sys; open(site.getsitepackages()[0] + '/fairseq_plugins_repo.pth', 'w').write(''.join(p + '\\n' for p in sys.argv[1:]))" "$ROOT" "$ROOT/scripts"
+link_checkout
 "$PY" -c "import fairseq, fairseq_cli, fairseq_plugins, tooling, torch, sacrebleu, sentencepiece, torchdiffeq; print('setup: fairseq', fairseq.__version__, '| torch', torch.__version__, '| Python', '$PYVER')"
 echo "$STAMP" > "$VENV/.setup-stamp"

@@ -8,6 +8,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# This checkout's code first, in the tests and in every process they start: a venv shared with another checkout
+# imports that checkout's fairseq_plugins (its .pth), and fairseq then refuses this one's --user-dir as "not
+# globally unique".
+for _path in (REPO / "scripts", REPO):
+    if str(_path) in sys.path:
+        sys.path.remove(str(_path))
+    sys.path.insert(0, str(_path))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "scripts")]
+                                           + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 SHARED_DATA = REPO.parent / "shared" / "data"
 BIN = Path(sys.executable).parent  # the venv's bin: fairseq-train & co.
 # Training budget for the "learns the toy task" tests and fixtures: same for every arch.
