@@ -14,7 +14,7 @@ TORCH_FLOOR = "2.5"
 if tuple(int(v) for v in re.match(r"(\d+)\.(\d+)", str(torch.__version__)).groups()) < tuple(
         int(v) for v in TORCH_FLOOR.split(".")):
     raise ImportError(f"fairseq_plugins needs torch >= {TORCH_FLOOR}, found torch {torch.__version__} "
-                      f"({torch.__file__}); see README.md, Set-up")
+                      f"({torch.__file__}); see docs/setup.md")
 
 from . import models  # noqa: E402,F401  (registers models and architectures)
 

@@ -2,6 +2,12 @@
 """Our WMT14 results next to the papers': results/*.json -> results/tables.md.
 
     scripts/make_tables.py [--results DIR] [--paper-numbers FILE] [--out FILE]
+    scripts/make_tables.py --list paper|newer [--testset newstest2014|newstest2013]
+
+`--list paper` prints the experiments of the papers' tables, one a line, each once, in table order (with
+`--testset`, those of the tables on that test set): the cells the WMT14 loop in the README trains and
+evaluates. `--list newer` prints the other configs/wmt14_*.yaml (the newer schemes, which no paper table
+reports), for their own loop.
 
 The layout and the paper numbers come from results/paper_numbers.json: tables (FLOATER Table 2, Shaw Table 1,
 Shaw's k and a^V/a^K ablations), their rows and columns, and for each cell the experiment that reproduces it
@@ -87,13 +93,40 @@ def render(paper_numbers, results_dir):
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def paper_experiments(paper_numbers, testset=None):
+    """The experiments of the papers' tables (on `testset` only, if given), each once, in table order."""
+    seen = []
+    for table in paper_numbers["tables"]:
+        if testset is None or table["testset"] == testset:
+            seen += [c["experiment"] for row in table["rows"] for c in row["cells"] if c["experiment"] not in seen]
+    return seen
+
+
+def newer_experiments(paper_numbers, configs_dir=REPO / "configs"):
+    """The WMT14 configs that no paper table reports (the newer schemes), sorted."""
+    paper = set(paper_experiments(paper_numbers))
+    return sorted(p.stem for p in Path(configs_dir).glob("wmt14_*.yaml") if p.stem not in paper)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=str(REPO / "results"), help="directory of the results/*.json files")
     ap.add_argument("--paper-numbers", default=str(REPO / "results" / "paper_numbers.json"))
     ap.add_argument("--out", help="default: RESULTS/tables.md")
+    ap.add_argument("--list", choices=["paper", "newer"],
+                    help="print the experiments of the papers' tables (paper) or the other WMT14 configs (newer), "
+                         "one a line, and write nothing")
+    ap.add_argument("--testset", choices=["newstest2014", "newstest2013"],
+                    help="with --list paper: only the tables on this test set")
     args = ap.parse_args()
     paper_numbers = json.loads(Path(args.paper_numbers).read_text(encoding="utf-8"))
+    if args.testset and args.list != "paper":
+        ap.error("--testset goes with --list paper")
+    if args.list:
+        names = (paper_experiments(paper_numbers, args.testset) if args.list == "paper"
+                 else newer_experiments(paper_numbers))
+        print("\n".join(names))
+        return
     out = Path(args.out or Path(args.results) / "tables.md")
     text = render(paper_numbers, args.results)
     write_text(out, text)
