@@ -125,6 +125,7 @@ def test_setup_points_a_shared_venv_at_the_checkout_that_runs_it(tmp_path):
     assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
 
 
+@pytest.mark.slow
 def test_pytest_in_a_checkout_tests_its_own_code_when_the_venv_imports_another(tmp_path):
     """A venv shared with another checkout that ran the set-up last (its .pth names that checkout): pytest here, from
     any folder, imports this checkout's fairseq_plugins and tooling, in the tests and in the processes they start,
