@@ -113,6 +113,7 @@ def positional_pair(name, causal, dtype):
     return scheme, today, flex_scheme, flex
 
 
+@pytest.mark.matrix  # the fast tier: each scheme, mask and dtype once
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", list(SCORE_SCHEMES))
@@ -145,7 +146,7 @@ def test_flex_score_bias_equals_the_papers_equation(name, causal):
 
 # -- Shaw's attention -----------------------------------------------------------------------------------------
 
-def shaw_pair(k, per_head, dtype, length=T):
+def shaw_pair(k, per_head, dtype):
     torch.manual_seed(0)
     today = RelativeMultiheadAttention(C, H, k, per_head=per_head).double()
     with torch.no_grad():  # tables larger than their initialisation, so that both terms matter
@@ -160,6 +161,7 @@ SHAW_CASES = {  # (k, per_head): tails on both sides; the tails empty (T <= k); 
     "k3": (3, True), "tails-empty": (T, True), "k0": (0, True), "shared": (2, False)}
 
 
+@pytest.mark.matrix  # the fast tier: each case, mask and dtype once
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("case", list(SHAW_CASES))

@@ -143,7 +143,9 @@ _COMPILED = {}
 def _compiled_flex():
     if "flex" not in _COMPILED:
         from torch.nn.attention.flex_attention import flex_attention
-        _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
+        # torch's automatic dynamic shapes: fairseq's batches change (B, T) every update; a second shape compiles
+        # once more, with symbolic sizes, instead of once per shape
+        _COMPILED["flex"] = torch.compile(flex_attention)
     return _COMPILED["flex"]
 
 
@@ -154,9 +156,8 @@ def flex(q: Tensor, k: Tensor, v: Tensor, score_mod: Optional[Callable], buffers
     ``score_mod(s, b, h, i, j, *buffers)`` takes the tensors it reads as arguments, so that their gradients flow on
     CPU too; ``extra(i, j)`` restricts the keys further (the tails of Shaw's value term). CUDA: the compiled
     kernel; CPU: the higher-order op eagerly (its public wrapper refuses gradients on CPU), the same maths unfused."""
-    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention as public
     from torch._higher_order_ops.flex_attention import flex_attention as flex_op
-    from torch.nn.attention.flex_attention import _apply_kernel_options
+    from torch.nn.attention.flex_attention import AuxRequest, _apply_kernel_options, create_block_mask
 
     added = mask.added
     if added is not None:  # a float attn_mask's finite part: one more score term
@@ -182,7 +183,6 @@ def flex(q: Tensor, k: Tensor, v: Tensor, score_mod: Optional[Callable], buffers
     if block_mask is None:
         from torch.nn.attention.flex_attention import _create_empty_block_mask
         block_mask = _create_empty_block_mask(q, k)
-    del public
     options = _apply_kernel_options(q, k, v, True, None, AuxRequest(lse=True))
     out, lse2, _ = flex_op(q, k, v, score_mod, block_mask.as_tuple(), scale, options, tuple(buffers), ())
     return out, lse2 * math.log(2.0)  # the op's log-sum-exp is in base 2 (its kernels' convention)
