@@ -268,12 +268,18 @@ def test_flex_refuses_a_torch_without_its_features_in_one_line(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["relative_transformer_tiny", "t5_transformer_tiny", "alibi_transformer_tiny"])
-def test_models_agree_across_backends_and_decode_step_by_step(arch):
+def test_models_agree_across_backends_and_decode_step_by_step(arch, monkeypatch):
     today = tiny_models.build(arch).eval().double()
     flex = tiny_models.build(arch, attention_backend="flex").eval().double()
     flex.load_state_dict(today.state_dict())
     src, lengths, prev = fixed_batch()
+    calls = []
+    real = fused_attention.flex
+    monkeypatch.setattr(fused_attention, "flex", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr("fairseq_plugins.modules.positional_attention.flex", fused_attention.flex)  # its import
     full = flex(src, lengths, prev)[0]
+    layers = len(flex.encoder.layers) + len(flex.decoder.layers)
+    assert len(calls) >= layers  # every self-attention went through FlexAttention
     torch.testing.assert_close(full, today(src, lengths, prev)[0], rtol=0, atol=1e-9)
     # incremental decoding keeps today's path (one query per step) and equals the flex forward
     tiny_models.assert_incremental_with_reorder_equals_full(flex, atol=1e-9)
