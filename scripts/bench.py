@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from tooling.atomic import write_text
-from tooling.bench import ARCHS, CLOCKS, SCHEME_NAMES, count_ops, parse_lengths, run
+from tooling.bench import ARCHS, CLOCKS, FLEX_NAMES, SCHEME_NAMES, count_ops, parse_lengths, run
 from tooling.bench_report import markdown, ops_markdown
 from tooling.paths import REPO, relativize
 
@@ -34,7 +34,8 @@ def main(argv=None):
     p.add_argument("--decode-reps", default="3", help="timed decoding calls of each model: one number or one per length")
     p.add_argument("--models", default="relative,floater,floater_cached",
                    help="compared with the transformer: any of relative, floater, floater_cached (needs floater), "
-                        "floater_graph (FLOATER with --floater-cuda-graph: --device cuda), " + ", ".join(SCHEME_NAMES))
+                        "floater_graph (FLOATER with --floater-cuda-graph: --device cuda), " + ", ".join(SCHEME_NAMES)
+                        + "; with --attention-backend flex: " + ", ".join(FLEX_NAMES))
     p.add_argument("--floater-every", type=int, default=100, help="N of the cached FLOATER (--floater-update-every N)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--clock", choices=CLOCKS, default=None,

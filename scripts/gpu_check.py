@@ -1,8 +1,8 @@
 """What a machine with one GPU must show before anything GPU-only becomes a default: writes results/gpu_check.md.
 
 Made for a lease of 15 minutes of device time (machine start included, at most 10 minutes a command). The default
-call is at most 5.5 minutes of checks, ≤ 7 minutes with the ~90 s of the machine's set-up: four sections whose
-caps add up to 300 s, and preparing data/toy if it is missing (~10 s, capped at 30 s). ``--calibrate`` is a
+call is at most 8 minutes of checks, ≤ 9.5 minutes with the ~90 s of the machine's set-up: five sections whose
+caps add up to 450 s, and preparing data/toy if it is missing (~10 s, capped at 30 s). ``--calibrate`` is a
 second, optional call of at most 9 minutes. The sections, in priority order, each in its own process (this
 script with ``--section NAME``) that is killed, with everything it started, at its cap (``--cap NAME=SECONDS``):
 
@@ -20,6 +20,12 @@ c. ``precision`` (120 s): every arch × --fp16 / --bf16 / --amp, 100 updates on 
 d. ``bench`` (80 s): scripts/bench.py --device cuda at T = 64 and 256: training update, decoding and peak memory
    as ratios to fairseq's Transformer, for relative, FLOATER and FLOATER with --floater-cuda-graph
    (``floater_graph``); the full report is results/gpu_check_bench.md.
+e. ``fused`` (150 s): scripts/bench.py --device cuda at T = 64, 256 and 1024 for Shaw's, T5's and ALiBi's attention
+   on ``--attention-backend flex`` (FlexAttention, compiled: the first update of each length is the warm-up) and
+   on today's path, beside fairseq's Transformer: training update and peak memory, with flex's goals (Shaw ≤ 1.10×,
+   every score bias ≤ 1.05× the Transformer's update, peak memory ≤ 1.05×) in a table of their own: they decide
+   the backend's default, not the exit status. Full report: results/gpu_check_fused.md. If the compiles need
+   more than its cap, a second call ``--sections fused --cap fused=500``.
 
 results/gpu_check.md and .json are written before the first section and rewritten (atomically) the moment each
 section ends, with every section so far: a section that raises or exceeds its cap records its reason (the
@@ -62,17 +68,22 @@ MODES = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"], "amp": ["--amp"]}
 TRAINER_MODES = {"fp32": [], "amp": ["--amp"], "fp16": ["--fp16", "--fp16-init-scale", "16"], "bf16": ["--bf16"]}
 
 # The sections in priority order: title and cap (seconds of wall time from the start of its process, imports
-# included). The caps add up to 300 s: with the toy data's preparation (DATA_CAP) and the ~90 s of a machine's
-# set-up, a default call stays within 7 minutes of a 15-minute lease.
+# included). The caps add up to 450 s: with the toy data's preparation (DATA_CAP) and the ~90 s of a machine's
+# set-up, a default call stays within 9.5 minutes of a 15-minute lease (and under 10 minutes a command).
 SECTIONS = {
     "machine": ("a. Machine", 20),
     "floater_graph": ("b. FLOATER's CUDA-graph solve against the loop", 80),
     "precision": ("c. Every arch × precision on the toy task", 120),
     "bench": ("d. Benchmark: FLOATER with and without CUDA graphs", 80),
+    "fused": ("e. Fused attention: Shaw, T5 and ALiBi on FlexAttention against today's path", 150),
 }
 # The dry run's caps: a small CPU machine shared with other work takes many times an H100's seconds (the dry run
 # itself is ~30 CPU-seconds, ~100 s of wall time on 2 cores under a load of 10; --calibrate --dry-run 2-6 minutes)
-DRY_CAPS = {"machine": 60, "floater_graph": 240, "precision": 300, "bench": 240, "calibrate": 900}
+DRY_CAPS = {"machine": 60, "floater_graph": 240, "precision": 300, "bench": 240, "fused": 300, "calibrate": 900}
+# e.'s goals for --attention-backend flex to become the default: its training update and peak memory as ratios to
+# fairseq's Transformer (issue 37); reported beside the verdict, not part of it (missing them keeps flex opt-in)
+FUSED_MODELS = ("relative", "t5", "alibi")
+FUSED_GOALS = {"relative": (1.10, 1.05), "t5": (1.05, 1.05), "alibi": (1.05, 1.05)}  # (train, memory)
 DATA_CAP = 30  # preparing data/toy when it is missing (make_toy_data.py + prepare_bitext.sh; ~10 s)
 CALIBRATE_CAP = 510  # the recipe and its runs are killed here: the call ends before 9 minutes
 CALIBRATE_MODELS = "transformer relative floater"
@@ -502,8 +513,39 @@ def section_bench(ctx, rows):
                  peak_mib=r.get("peak_memory_mib"), graph_buckets=r.get("graph_buckets"))
 
 
+# -- e. fused attention --------------------------------------------------------------------------------------
+
+def section_fused(ctx, rows):
+    """scripts/bench.py for Shaw's, T5's and ALiBi's attention on --attention-backend flex and on today's path,
+    beside fairseq's Transformer: training update and peak memory (decoding steps keep today's path: not run)."""
+    import bench as bench_cli  # scripts/bench.py, beside this file
+
+    out_json, out_md = ctx.out_dir / "gpu_check_fused.json", ctx.out_dir / "gpu_check_fused.md"
+    models = ",".join(m for name in FUSED_MODELS for m in (name, f"{name}_flex"))
+    args = ["--device", ctx.device, "--notes", "", "--out-json", str(out_json), "--out-md", str(out_md),
+            "--models", models, "--no-decode"]
+    if ctx.dry_run:
+        args += ["--dims", "tiny", "--lengths", "32", "--reps", "1", "--warmup", "0", "--vocab", "1000",
+                 "--tokens", "256", "--no-memory"]
+    else:  # the first update at each length compiles the kernels: the warm-up
+        args += ["--lengths", "64,256,1024", "--reps", "3", "--warmup", "1", "--memory-reps", "1",
+                 "--memory-workers", "4"]
+    command = ["scripts/bench.py", *(relative(a) if a.startswith("/") else a for a in args)]
+    argv, sys.argv = sys.argv, command
+    try:
+        bench_cli.main(args)
+    finally:
+        sys.argv = argv
+    rows.add("bench", command=" ".join(a or "''" for a in command), report=relative(out_md))
+    for r in json.loads(out_json.read_text())["rows"]:
+        rows.add("ratio", model=r["model"], length=r["length"], train_ratio=r.get("train_ratio"),
+                 memory_ratio=r.get("memory_ratio"),
+                 train_ms=None if r.get("train_update_median_s") is None else r["train_update_median_s"] * 1e3,
+                 peak_mib=r.get("peak_memory_mib"))
+
+
 SECTION_FUNCTIONS = {"machine": section_machine, "floater_graph": section_floater_graph,
-                     "precision": section_precision, "bench": section_bench}
+                     "precision": section_precision, "bench": section_bench, "fused": section_fused}
 EMULATED = ("floater_graph", "bench")  # the sections whose dry run needs CUDA graphs emulated
 NEED_DATA = ("floater_graph", "precision")  # the sections training on the toy task
 
@@ -728,8 +770,36 @@ def bench_lines(report):
     return lines
 
 
+def fused_lines(report):
+    """Each scheme on flex and on today's path, as ratios to the Transformer, and flex's goals."""
+    bench = rows_of(report, "fused", "bench")
+    lines = [f"`{b['command']}`: the full report is `{b['report']}`." for b in bench]
+    ratios = {(r["model"], r["length"]): r for r in rows_of(report, "fused", "ratio")}
+    if not ratios:
+        return lines
+    lines += ["", "Ratios to fairseq's Transformer; goals of flex (to become the default): Shaw's update ≤ "
+              f"{FUSED_GOALS['relative'][0]:g}×, every score bias' ≤ {FUSED_GOALS['t5'][0]:g}×, peak memory ≤ "
+              f"{FUSED_GOALS['t5'][1]:g}×.", "",
+              "| scheme | T | train: today | train: flex | memory: today | memory: flex | flex ms | flex MiB | "
+              "flex within its goals |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lengths = sorted({T for _, T in ratios})
+    for name in FUSED_MODELS:
+        for T in lengths:
+            today, flex = ratios.get((name, T), {}), ratios.get((f"{name}_flex", T))
+            if flex is None:
+                continue
+            train_goal, memory_goal = FUSED_GOALS[name]
+            met = [flex.get("train_ratio"), flex.get("memory_ratio")]
+            verdict = ("—" if met[0] is None else
+                       "yes" if met[0] <= train_goal and (met[1] is None or met[1] <= memory_goal) else "no")
+            lines.append(f"| {name} | {T} | {fmt(today.get('train_ratio'), '.3f')} | {fmt(met[0], '.3f')} | "
+                         f"{fmt(today.get('memory_ratio'), '.3f')} | {fmt(met[1], '.3f')} | "
+                         f"{fmt(flex.get('train_ms'), '.1f')} | {fmt(flex.get('peak_mib'), '.0f')} | {verdict} |")
+    return lines
+
+
 SECTION_LINES = {"machine": machine_lines, "floater_graph": floater_graph_lines, "precision": precision_lines,
-                 "bench": bench_lines}
+                 "bench": bench_lines, "fused": fused_lines}
 
 
 def markdown(report) -> str:
@@ -811,6 +881,11 @@ def verdicts(report):
         graphed = [r for r in rows_of(report, "bench", "ratio") if r["model"] == "floater_graph"]
         add("benchmark ran; floater_graph captured at every length", "", [],
             rows_of(report, "bench", "bench") and graphed and all(r["graph_buckets"] for r in graphed))
+    if completed("fused"):
+        flex = [r for r in rows_of(report, "fused", "ratio") if r["model"].endswith("_flex")]
+        add("fused attention: every scheme trained on flex", "", [],
+            {r["model"] for r in flex} == {f"{n}_flex" for n in FUSED_MODELS}
+            and all(r["train_ratio"] is not None for r in flex))
     return out
 
 

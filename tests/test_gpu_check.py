@@ -17,7 +17,8 @@ from conftest import REPO, env
 from helpers.small_task import small_data
 
 TITLES = ["## a. Machine", "## b. FLOATER's CUDA-graph solve against the loop",
-          "## c. Every arch × precision on the toy task", "## d. Benchmark: FLOATER with and without CUDA graphs"]
+          "## c. Every arch × precision on the toy task", "## d. Benchmark: FLOATER with and without CUDA graphs",
+          "## e. Fused attention: Shaw, T5 and ALiBi on FlexAttention against today's path"]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_dry_run_writes_every_section(data, tmp_path):
     positions = [md.index(title) for title in TITLES]  # every section, in priority order
     assert positions == sorted(positions)
     sections = report["sections"]
-    assert list(sections) == ["machine", "floater_graph", "precision", "bench"]
+    assert list(sections) == ["machine", "floater_graph", "precision", "bench", "fused"]
     assert all(s["status"] == "completed" and s["seconds"] <= s["cap_s"] for s in sections.values()), sections
 
     def rows(section, kind):
@@ -78,6 +79,11 @@ def test_dry_run_writes_every_section(data, tmp_path):
     assert set(ratios) == {"transformer", "floater", "floater_graph"}
     assert ratios["floater_graph"]["graph_buckets"] > 0 and ratios["floater"]["graph_buckets"] is None
     assert (out / "gpu_check_bench.md").exists()
+    # e.: every scheme on flex and on today's path trained, beside the Transformer, and the goals' table
+    fused = {r["model"]: r for r in rows("fused", "ratio")}
+    assert set(fused) == {"transformer", "relative", "relative_flex", "t5", "t5_flex", "alibi", "alibi_flex"}
+    assert all(r["train_ratio"] > 0 for r in fused.values()), fused
+    assert "| relative | 32 |" in md and "flex within its goals" in md and (out / "gpu_check_fused.md").exists()
     no_machine_paths(out, tmp_path)
     assert "## Verdict" in md and report["verdicts"] and all(v["passed"] for v in report["verdicts"])
 
@@ -142,9 +148,9 @@ def test_a_section_past_its_cap_is_killed_and_reported(tmp_path):
 def test_bad_flags_are_one_line(tmp_path):
     for argv, message in [(["--cap", "precision=soon"], "--cap precision=soon: expected a positive number of seconds"),
                           (["--cap", "decode=10"], "--cap decode=10: expected NAME=SECONDS with NAME one of machine, "
-                                                   "floater_graph, precision, bench, calibrate"),
+                                                   "floater_graph, precision, bench, fused, calibrate"),
                           (["--sections", "machine,gpu"], "--sections machine,gpu: expected some of "
-                                                          "machine,floater_graph,precision,bench"),
+                                                          "machine,floater_graph,precision,bench,fused"),
                           (["--calibrate", "--multi30k", str(tmp_path)],
                            f"--multi30k {tmp_path}: expected Multi30k's train.en, train.de, val.en, val.de, "
                            "test_2016_flickr.en, test_2016_flickr.de")]:
@@ -180,7 +186,9 @@ def test_a_check_out_of_bounds_fails_the_run():
         "floater_graph": section({"kind": "solve", "positions": 21, "values": 0.0, "gradients": 1e-7}, trainer,
                                  *orders),
         "precision": section({"kind": "precision", "ok": True, "train_loss": 5.0, "fp32_loss": 5.1}),
-        "bench": section({"kind": "bench"}, {"kind": "ratio", "model": "floater_graph", "graph_buckets": 1})}}
+        "bench": section({"kind": "bench"}, {"kind": "ratio", "model": "floater_graph", "graph_buckets": 1}),
+        "fused": section({"kind": "bench"}, *({"kind": "ratio", "model": f"{m}_flex", "train_ratio": 1.3}
+                                              for m in ("relative", "t5", "alibi")))}}
     assert all(v["passed"] for v in gpu_check.verdicts(report))
 
     def failed(section_name, *rows, **status):
@@ -205,6 +213,9 @@ def test_a_check_out_of_bounds_fails_the_run():
         "every arch × precision trains and decodes; loss vs fp32 (relative)"]
     assert failed("bench", {"kind": "bench"}, {"kind": "ratio", "model": "floater_graph", "graph_buckets": 0}) == [
         "benchmark ran; floater_graph captured at every length"]
+    # flex's goals are not the verdict's: a slow flex passes; a scheme that did not train on it fails
+    assert failed("fused", {"kind": "bench"}, {"kind": "ratio", "model": "t5_flex", "train_ratio": 1.3}) == [
+        "fused attention: every scheme trained on flex"]
     assert failed("machine", status="timed out", reason="timed out after 20 s") == [
         "t: timed out after 20 s"]
 

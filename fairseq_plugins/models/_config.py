@@ -68,3 +68,13 @@ def one_of(names, why=""):
         return text
 
     return parse
+
+
+def add_attention_backend_arg(parser):
+    """--attention-backend: the self-attention kernel of the score-bias schemes and Shaw's attention."""
+    from ..modules.fused_attention import BACKENDS
+    parser.add_argument("--attention-backend", action=OneLineFlag, parse=one_of(BACKENDS), metavar="NAME",
+                        help="self-attention kernel: sdpa (default: the path measured so far; torch's SDPA for the "
+                             "score biases, the project's own kernel for Shaw's; flex has not run on a GPU yet) or "
+                             "flex (torch's FlexAttention, compiled on CUDA, eager and unfused on CPU; no (T, S) "
+                             "tensor for Shaw's value term; no attention dropout; incremental decoding keeps sdpa)")

@@ -27,8 +27,9 @@ from fairseq.models.transformer import (
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ._base import PluginTransformerModel
-from ._config import OneLineFlag, at_least, one_of, positive
+from ._config import OneLineFlag, add_attention_backend_arg, at_least, one_of, positive
 from .relative_transformer import _wrap_layer
+from ..modules.fused_attention import check_backend
 from ..modules.position_schemes import NEW_SCHEMES, SCHEMES
 
 STACK_SCHEMES = {n: s for n, s in SCHEMES.items() if s.selectable}  # what --position-scheme can name
@@ -65,6 +66,7 @@ def add_position_args(parser):
     parser.add_argument("--shape-eval-offset", action=OneLineFlag, parse=at_least(int, 0), metavar="E",
                         help="SHAPE: the offset of every sequence at validation and test (default K, as the "
                              "authors' code)")
+    add_attention_backend_arg(parser)
 
 
 def stack_schemes(args):
@@ -93,7 +95,8 @@ def _positional(layer_base):
             heads = cfg.decoder.attention_heads if issubclass(layer_base, TransformerDecoderLayerBase) \
                 else cfg.encoder.attention_heads
             return PositionalSelfAttention(embed_dim, heads, scheme, dropout=cfg.attention_dropout,
-                                           q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
+                                           q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
+                                           attention_backend=getattr(cfg, "attention_backend", None) or "sdpa")
 
     Layer.__name__ = f"Positional{layer_base.__name__.replace('Base', '')}"
     return Layer
@@ -168,6 +171,7 @@ class PositionTransformerModel(PluginTransformerModel):
         stack_schemes(args)
         if args.cross_self_attention:
             raise ValueError("position_transformer does not support --cross-self-attention")
+        check_backend(args.attention_backend, args.attention_dropout)
         if args.no_token_positional_embeddings:
             raise ValueError("position_transformer: choose positions with --position-scheme (nope for none), "
                              "not --no-token-positional-embeddings")
@@ -192,6 +196,7 @@ def position_transformer(args):
     args.t5_max_distance = getattr(args, "t5_max_distance", None) or 128
     args.t5_bias_init = getattr(args, "t5_bias_init", None) or "glorot"
     args.rope_base = getattr(args, "rope_base", None) or 10000.0
+    args.attention_backend = getattr(args, "attention_backend", None) or "sdpa"
     shift = getattr(args, "shape_max_shift", None)
     args.shape_max_shift = 100 if shift is None else shift
     offset = getattr(args, "shape_eval_offset", None)

@@ -33,6 +33,8 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ._base import PluginTransformerModel
+from ._config import add_attention_backend_arg
+from ..modules.fused_attention import check_backend
 from ..modules.relative_attention import RelativeMultiheadAttention
 
 
@@ -58,6 +60,7 @@ def build_relative_self_attention(embed_dim, num_heads, cfg, q_noise, qn_block_s
         dropout=cfg.attention_dropout,
         q_noise=q_noise,
         qn_block_size=qn_block_size,
+        attention_backend=getattr(cfg, "attention_backend", None) or "sdpa",
     )
 
 
@@ -132,6 +135,7 @@ class RelativeTransformerModel(PluginTransformerModel):
             help="also add fairseq's absolute (sinusoidal/learned) position embeddings; "
             "default: relative positions only, as in the paper",
         )
+        add_attention_backend_arg(parser)
 
     @classmethod
     def prepare_args(cls, args):
@@ -141,6 +145,7 @@ class RelativeTransformerModel(PluginTransformerModel):
             raise ValueError(f"--max-relative-positions must be an integer >= 0 (got {k!r})")
         if args.cross_self_attention:
             raise ValueError("relative_transformer does not support --cross-self-attention")
+        check_backend(args.attention_backend, args.attention_dropout)
         if args.relative_add_absolute_positions and args.no_token_positional_embeddings:
             raise ValueError("--relative-add-absolute-positions contradicts --no-token-positional-embeddings")
         if not args.relative_add_absolute_positions:
@@ -158,6 +163,7 @@ def relative_transformer(args):
     args.max_relative_positions = getattr(args, "max_relative_positions", 16)
     args.relative_keys = getattr(args, "relative_keys", True)
     args.relative_values = getattr(args, "relative_values", True)
+    args.attention_backend = getattr(args, "attention_backend", None) or "sdpa"
     args.relative_per_head = getattr(args, "relative_per_head", True)
     args.relative_add_absolute_positions = getattr(args, "relative_add_absolute_positions", False)
     base_architecture(args)

@@ -11,7 +11,9 @@ Mapping to code: ``PositionalSelfAttention`` is fairseq's ``MultiheadAttention``
 incremental-state layout, so fairseq's beam reordering works unchanged) whose forward projects q, k, v, applies
 ``scheme.rotate`` to q and k (before caching k), and calls torch's fused ``scaled_dot_product_attention`` with
 the scheme's bias added to fairseq's masks as one float mask (H, T, S) (or (B, H, T, S) with padding); the
-explicit softmax path runs only when the attention weights are asked for. The scheme object is shared by all
+explicit softmax path runs only when the attention weights are asked for. ``attention_backend="flex"``
+(``--attention-backend flex``) runs the score biases through FlexAttention instead (``fused_attention.py``),
+except while decoding step by step. The scheme object is shared by all
 layers of a stack and owned by the stack (a T5 table is one set of parameters per stack).
 """
 
@@ -23,14 +25,17 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from .floater.attention import _additive_mask
+from .fused_attention import bias_score_mod, biased_sdpa, check_backend, flex, flex_mask
 
 
 class PositionalSelfAttention(MultiheadAttention):
     def __init__(self, embed_dim: int, num_heads: int, scheme, dropout: float = 0.0, q_noise: float = 0.0,
-                 qn_block_size: int = 8):
+                 qn_block_size: int = 8, attention_backend: str = "sdpa"):
         super().__init__(embed_dim, num_heads, dropout=dropout, self_attention=True, q_noise=q_noise,
                          qn_block_size=qn_block_size)
+        check_backend(attention_backend, dropout)
         object.__setattr__(self, "scheme", scheme)  # the stack's: not a submodule of every layer
+        self.attention_backend = attention_backend
 
     def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
                 key_padding_mask: Optional[Tensor] = None, incremental_state=None, need_weights: bool = True,
@@ -60,16 +65,21 @@ class PositionalSelfAttention(MultiheadAttention):
             saved["prev_key_padding_mask"] = key_padding_mask
             self._set_input_buffer(incremental_state, saved)
         src_len = k.size(2)
+        if (self.attention_backend == "flex" and saved is None and not (need_weights or need_head_weights)
+                and (attn_mask is None or attn_mask.dim() == 2)):
+            score_mod, buffers = bias_score_mod(self.scheme, tgt_len, src_len, query.device,
+                                                torch.float64 if q.dtype == torch.float64 else torch.float32)
+            out, _ = flex(q, k, v, score_mod, buffers, flex_mask(attn_mask, key_padding_mask), scale=self.scaling)
+            return self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)), None
         mask = _additive_mask(attn_mask, key_padding_mask, bsz, heads, tgt_len, src_len, q.dtype)
         exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
         bias = self.scheme.score_bias(positions, torch.arange(src_len, device=query.device), exact)
-        if bias is not None:
-            bias = bias.to(q.dtype)
-            mask = bias if mask is None else mask + bias
         dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
         weights = None
         if need_weights or need_head_weights:
             logits = torch.matmul(q * self.scaling, k.transpose(2, 3))
+            if bias is not None:
+                mask = bias.to(q.dtype) if mask is None else mask + bias.to(q.dtype)
             if mask is not None:
                 logits = logits + mask
             half = logits.dtype in (torch.float16, torch.bfloat16)  # softmax in float32 at least, as fairseq's
@@ -79,6 +89,6 @@ class PositionalSelfAttention(MultiheadAttention):
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            out = biased_sdpa(q, k, v, mask, bias, dropout_p)
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out), weights

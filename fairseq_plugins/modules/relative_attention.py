@@ -36,6 +36,8 @@ place; so is dα (gathered dA, dz v^T accumulated, turned into de in place). As 
 recomputes α from q and k instead of keeping it from the forward: no (T, S) tensor per layer waits for the backward
 (at T = 256 the saved α would add about 6% to a base model's training memory; recomputing costs about 2% of an
 update, see results/bench.md). Memory stays O(B·H·T·S + B·H·T·(2k+1)) per layer at a time.
+``attention_backend="flex"`` computes the same z without any (T, S) tensor (``fused_attention.shaw_flex``,
+derivation in docs/fused_attention.md).
 """
 
 import contextlib
@@ -47,6 +49,8 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
+
+from .fused_attention import check_backend, flex_mask, shaw_flex
 
 
 class RelativeIndex(NamedTuple):
@@ -253,6 +257,8 @@ class RelativeMultiheadAttention(MultiheadAttention):
         relative_keys: learn w^K (a^K in the scores).
         relative_values: learn w^V (a^V in the outputs).
         per_head: one (2k+1, d_z) table per head, shape (H, 2k+1, d_z); otherwise one table shared by all heads.
+        attention_backend: "sdpa" (``RelativeAttention``, the default) or "flex" (``fused_attention.shaw_flex``:
+            FlexAttention, no (T, S) tensor; incremental decoding keeps ``RelativeAttention``).
 
     The forward never takes fairseq's fused paths (F.multi_head_attention_forward, SDPA, xFormers): they would
     drop the relative terms.
@@ -270,15 +276,18 @@ class RelativeMultiheadAttention(MultiheadAttention):
         bias: bool = True,
         q_noise: float = 0.0,
         qn_block_size: int = 8,
+        attention_backend: str = "sdpa",
     ):
         if max_relative_positions < 0:
             raise ValueError(f"max_relative_positions must be >= 0 (got {max_relative_positions})")
+        check_backend(attention_backend, dropout)
         super().__init__(
             embed_dim, num_heads, dropout=dropout, bias=bias, self_attention=True,
             q_noise=q_noise, qn_block_size=qn_block_size,
         )
         self.max_relative_positions = max_relative_positions
         self.per_head = per_head
+        self.attention_backend = attention_backend  # flex: fused_attention.shaw_flex, except step by step
         table_shape = ((num_heads,) if per_head else ()) + (2 * max_relative_positions + 1, self.head_dim)
         self.relative_keys = nn.Parameter(torch.empty(table_shape)) if relative_keys else None
         self.relative_values = nn.Parameter(torch.empty(table_shape)) if relative_values else None
@@ -350,12 +359,20 @@ class RelativeMultiheadAttention(MultiheadAttention):
         dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
         tensors = (q, k, v, self.relative_keys, self.relative_values)
         device_type = query.device.type
+        flex = (self.attention_backend == "flex" and incremental_state is None and not need_weights
+                and (attn_mask is None or attn_mask.dim() == 2))
         with contextlib.ExitStack() as stack:
             if torch.is_autocast_enabled(device_type):  # the autocast dtype for every product, as autocast would
                 dtype = torch.get_autocast_dtype(device_type)
                 tensors = tuple(None if t is None else t.to(dtype) for t in tensors)
                 stack.enter_context(torch.autocast(device_type, enabled=False))
-            attn, weights = RelativeAttention.apply(*tensors, index, self.num_heads, mask, dropout_p)
+            if flex:
+                q4, k4, v4 = (t.view(bsz, self.num_heads, -1, self.head_dim) for t in tensors[:3])
+                attn = shaw_flex(q4, k4, v4, *tensors[3:], self.max_relative_positions,
+                                 flex_mask(attn_mask, key_padding_mask))
+                weights = None
+            else:
+                attn, weights = RelativeAttention.apply(*tensors, index, self.num_heads, mask, dropout_p)
         attn = self.out_proj(attn.view(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
                              .reshape(tgt_len, bsz, embed_dim))
 

@@ -1,0 +1,274 @@
+"""Fused attention kernels for the score-bias schemes and Shaw's attention (``--attention-backend``).
+
+- ``biased_sdpa``: torch's fused CPU SDPA kernel with a learned float mask. The kernel takes a 4-D mask only, and
+  one that needs no gradient; ``BiasedFlashCPU`` runs it on the detached mask and gives the mask its gradient
+  in the backward, dS = α ⊙ (dz vᵀ − (dz·z)), from α recomputed from the kernel's log-sum-exp.
+- ``flex``: FlexAttention (``torch.compile``d on CUDA; on CPU its higher-order op eagerly, unfused, the same
+  maths) with a ``score_mod`` that adds a scheme's bias(h, i, j), and fairseq's masks as its ``mask_mod``.
+- ``shaw_flex``: Shaw's key and value terms without a (T, S) tensor: the key term as a ``score_mod`` reading
+  P = q (w^K)ᵀ; the value term from the band probabilities α_{i,i+m} = exp(s_{i,i+m} − lse_i), |m| < k, and the
+  clipped tails' masses A± = exp(lse±_i − lse_i) of two masked passes. Derivation: docs/fused_attention.md.
+"""
+
+import math
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+BACKENDS = ("sdpa", "flex")
+FLEX_TORCH = "2.9"  # AuxRequest, the log-sum-exp's gradient and learnable captured tensors, all in one release
+
+
+def check_flex():
+    """Raise one line if this torch lacks what the flex backend needs."""
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest  # noqa: F401  (2.9 and later)
+    except ImportError:
+        raise RuntimeError(f"--attention-backend flex needs torch >= {FLEX_TORCH} (FlexAttention's log-sum-exp "
+                           f"output and gradients of captured tensors); this is torch {torch.__version__}") from None
+
+
+def check_backend(name: str, dropout: float):
+    if name not in BACKENDS:
+        raise ValueError(f"--attention-backend must be one of {', '.join(BACKENDS)} (got {name!r})")
+    if name == "flex":
+        check_flex()
+        if dropout > 0:
+            raise ValueError(f"--attention-backend flex: FlexAttention has no attention dropout "
+                             f"(got --attention-dropout {dropout}); use 0 or --attention-backend sdpa")
+
+
+# ---------------------------------------------------------------- the fused CPU kernel with a learned mask
+
+class BiasedFlashCPU(torch.autograd.Function):
+    """z = softmax(q kᵀ·scale + bias + mask) v by torch's fused CPU kernel, with the bias's gradient (the kernel
+    gives only dq, dk, dv). bias (1 or B, H, T, S) and mask (fairseq's masks, no gradient) are added inside, the
+    sum kept for no longer than the kernel runs: only the bias and the kernel's log-sum-exp wait for the
+    backward, never a (B, H, T, S) tensor."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, mask, scale):
+        full = bias if mask is None else bias + mask
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False,
+                                                                             attn_mask=full, scale=scale)
+        ctx.save_for_backward(q, k, v, bias, mask, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, mask, out, lse = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        full = bias if mask is None else bias + mask
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, q, k, v, out, lse, 0.0, False, attn_mask=full, scale=ctx.scale)
+        dbias = None
+        if ctx.needs_input_grad[3]:  # dS = α (dz vᵀ − dz·z): one layer's (B, H, T, S) at a time, here only
+            work = torch.promote_types(q.dtype, torch.float32)
+            scores = torch.matmul(q.to(work), k.to(work).transpose(-1, -2)).mul_(ctx.scale).add_(full)
+            alpha = scores.sub_(lse.to(work).unsqueeze(-1)).exp_()
+            row = (grad_out.to(work) * out.to(work)).sum(-1, keepdim=True)
+            grad_scores = torch.matmul(grad_out.to(work), v.to(work).transpose(-1, -2)).sub_(row).mul_(alpha)
+            dims = [d for d in range(4) if bias.size(d) == 1 and grad_scores.size(d) != 1]
+            dbias = (grad_scores.sum(dims, keepdim=True) if dims else grad_scores).to(bias.dtype)
+        return dq, dk, dv, dbias, None, None
+
+
+def _four_d(x: Optional[Tensor]) -> Optional[Tensor]:
+    return x if x is None or x.dim() == 4 else x.view((1,) * (4 - x.dim()) + x.shape)
+
+
+def biased_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
+                dropout_p: float) -> Tensor:
+    """softmax(q kᵀ/√d + bias + mask) v, q (B, H, T, d); bias and fairseq's additive mask broadcastable to
+    (B, H, T, S), on torch's fused CPU kernel where it has one.
+
+    Torch's CPU SDPA sends a 3-D mask and a mask that needs a gradient (T5's table) down its unfused math path,
+    which keeps every layer's (B, H, T, S) probabilities for the backward; its fused kernel keeps the mask it was
+    given (with padding, (B, H, T, S) too). So on CPU the bias goes through ``BiasedFlashCPU``, 4-D."""
+    if bias is not None:
+        bias = _four_d(bias.to(q.dtype))
+    mask = _four_d(mask)
+    if (bias is not None and q.device.type == "cpu" and dropout_p == 0 and torch.is_grad_enabled()
+            and not torch.is_autocast_enabled("cpu")):
+        return BiasedFlashCPU.apply(q, k, v, bias, mask, 1.0 / math.sqrt(q.size(-1)))
+    full = bias if mask is None else (mask if bias is None else mask + bias)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p)
+
+
+# ---------------------------------------------------------------- FlexAttention
+
+class FlexMask(NamedTuple):
+    """fairseq's masks for FlexAttention: which keys a query may see, and what finite part a float mask adds."""
+
+    keep_key: Optional[Tensor]  # (B, S) bool: not padding
+    allowed: Optional[Tensor]  # (T, S) bool: attn_mask is not −inf
+    added: Optional[Tensor]  # (T, S) float: attn_mask's finite values, where any is non-zero
+
+
+def flex_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor]) -> FlexMask:
+    keep_key = None if key_padding_mask is None else ~key_padding_mask.to(torch.bool)
+    allowed = added = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            allowed = ~attn_mask
+        else:
+            allowed = attn_mask != float("-inf")
+            finite = attn_mask.masked_fill(~allowed, 0.0)
+            added = finite if bool(finite.any()) else None
+    return FlexMask(keep_key, allowed, added)
+
+
+def _mask_mod(mask: FlexMask, extra: Optional[Callable] = None):
+    keep_key, allowed = mask.keep_key, mask.allowed
+
+    def mask_mod(b, h, i, j):
+        ok = j >= 0
+        if keep_key is not None:
+            ok = ok & keep_key[b, j]
+        if allowed is not None:
+            ok = ok & allowed[i, j]
+        if extra is not None:
+            ok = ok & extra(i, j)
+        return ok
+
+    return mask_mod
+
+
+_COMPILED = {}
+
+
+def _compiled_flex():
+    if "flex" not in _COMPILED:
+        from torch.nn.attention.flex_attention import flex_attention
+        # torch's automatic dynamic shapes: fairseq's batches change (B, T) every update; a second shape compiles
+        # once more, with symbolic sizes, instead of once per shape
+        _COMPILED["flex"] = torch.compile(flex_attention)
+    return _COMPILED["flex"]
+
+
+def flex(q: Tensor, k: Tensor, v: Tensor, score_mod: Optional[Callable], buffers: Sequence[Tensor], mask: FlexMask,
+         extra: Optional[Callable] = None, scale: float = 1.0):
+    """FlexAttention: (out (B, H, T, d) in q's dtype, lse (B, H, T) float32+ in natural log).
+
+    ``score_mod(s, b, h, i, j, *buffers)`` takes the tensors it reads as arguments, so that their gradients flow on
+    CPU too; ``extra(i, j)`` restricts the keys further (the tails of Shaw's value term). CUDA: the compiled
+    kernel; CPU: the higher-order op eagerly (its public wrapper refuses gradients on CPU), the same maths unfused."""
+    from torch._higher_order_ops.flex_attention import flex_attention as flex_op
+    from torch.nn.attention.flex_attention import AuxRequest, _apply_kernel_options, create_block_mask
+
+    added = mask.added
+    if added is not None:  # a float attn_mask's finite part: one more score term
+        inner, inner_buffers = score_mod, tuple(buffers)
+
+        def score_mod(s, b, h, i, j, *bufs):
+            s = s if inner is None else inner(s, b, h, i, j, *bufs[:-1])
+            return s + bufs[-1][i, j]
+
+        buffers = inner_buffers + (added,)
+    B, T, S = q.size(0), q.size(2), k.size(2)
+    needs_mask = mask.keep_key is not None or mask.allowed is not None or extra is not None
+    block_mask = create_block_mask(_mask_mod(mask, extra), B if mask.keep_key is not None else None, None, T, S,
+                                   device=q.device) if needs_mask else None
+    if score_mod is None:
+        def score_mod(s, b, h, i, j, *bufs):
+            return s
+    if q.device.type == "cuda":
+        bufs = tuple(buffers)
+        out, aux = _compiled_flex()(q, k, v, score_mod=lambda s, b, h, i, j: score_mod(s, b, h, i, j, *bufs),
+                                    block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))
+        return out, aux.lse
+    if block_mask is None:
+        from torch.nn.attention.flex_attention import _create_empty_block_mask
+        block_mask = _create_empty_block_mask(q, k)
+    options = _apply_kernel_options(q, k, v, True, None, AuxRequest(lse=True))
+    out, lse2, _ = flex_op(q, k, v, score_mod, block_mask.as_tuple(), scale, options, tuple(buffers), ())
+    return out, lse2 * math.log(2.0)  # the op's log-sum-exp is in base 2 (its kernels' convention)
+
+
+def bias_score_mod(scheme, T: int, S: int, device, dtype):
+    """A score-bias scheme's (score_mod, buffers): its own if it has one (``flex_score_mod``), else its (H, T, S)
+    bias read at (h, i, j)."""
+    q_pos, k_pos = torch.arange(T, device=device), torch.arange(S, device=device)
+    own = getattr(scheme, "flex_score_mod", None)
+    if own is not None:
+        return own(q_pos, k_pos, dtype)
+    bias = scheme.score_bias(q_pos, k_pos, dtype)
+    if bias is None:  # rotary and no-position schemes
+        return None, ()
+
+    def score_mod(s, b, h, i, j, bias):
+        return s + bias[h, i, j]
+
+    return score_mod, (bias,)
+
+
+# ---------------------------------------------------------------- Shaw's attention
+
+def _per_head(table: Tensor, rows) -> Tensor:
+    """Rows of a (H, 2k+1, d) or (2k+1, d) table, shaped to broadcast over (B, H, T, ·, d)."""
+    return table[:, rows] if table.dim() == 3 else table[rows]
+
+
+def shaw_flex(q: Tensor, k: Tensor, v: Tensor, relative_keys: Optional[Tensor], relative_values: Optional[Tensor],
+              max_relative: int, mask: FlexMask) -> Tensor:
+    """z_i = Σ_j α_ij (v_j + w^V_clip(j−i)) with e_ij = q_i·(k_j + w^K_clip(j−i)) + masks; q (B, H, T, d) already
+    scaled, k and v (B, H, S, d), S = T (self-attention without a cache). Returns z (B, H, T, d) in q's dtype."""
+    K = max_relative
+    B, H, T, d = q.shape
+    S = k.size(2)
+    buffers, score_mod = (), None
+    if relative_keys is not None:
+        P = torch.matmul(q, relative_keys.transpose(-1, -2))  # (B, H, T, 2k+1), q already scaled
+
+        def score_mod(s, b, h, i, j, P):
+            return s + P[b, h, i, torch.clamp(j - i, -K, K) + K]
+
+        buffers = (P,)
+    out, lse = flex(q, k, v, score_mod, buffers, mask)
+    if relative_values is None:
+        return out
+    work = lse.dtype
+    if K == 0:  # one bucket holding every key: Σ_j α_ij = 1
+        return out + _per_head(relative_values, 0).view(-1, d).to(q.dtype)[None, :, None, :].expand_as(out)
+    # band: α_{i,i+m} = exp(s_{i,i+m} − lse_i) for |m| < k, from q·k on 2k−1 shifted views of the keys
+    offsets = torch.arange(-(K - 1), K, device=q.device)  # m
+    key_index = torch.arange(T, device=q.device)[:, None] + offsets  # (T, 2k−1): j = i + m
+    valid = (key_index >= 0) & (key_index < S)
+    clamped = key_index.clamp(0, S - 1)
+    if mask.allowed is not None:
+        valid = valid & mask.allowed.gather(1, clamped)
+    valid = valid.expand(B, 1, T, 2 * K - 1) if mask.keep_key is None else \
+        (valid & mask.keep_key[:, clamped]).unsqueeze(1)  # (B, 1, T, 2k−1)
+    padded = F.pad(k, (0, 0, K - 1, K - 1)).to(work)  # keys at −(k−1)..S+k−2; shifted slices are views
+    qw = q.to(work)
+    band = torch.stack([torch.linalg.vecdot(qw, padded[:, :, m:m + T]) for m in range(2 * K - 1)], -1)
+    if relative_keys is not None:
+        band = band + P[..., 1:2 * K].to(work)
+    if mask.added is not None:
+        band = band + mask.added.gather(1, clamped).to(work)
+    band = torch.where(valid, band - lse.unsqueeze(-1), torch.tensor(float("-inf"), dtype=work, device=q.device))
+    alpha = band.exp()  # (B, H, T, 2k−1)
+    values = torch.matmul(alpha, _per_head(relative_values, slice(1, 2 * K)).to(work))  # (B, H, T, d)
+    for sign, row in ((-1, 0), (1, 2 * K)):  # the clipped tails: keys j ≤ i − k and j ≥ i + k
+        if not _tail_possible(sign, K, T, S, mask):
+            continue
+        tail = (lambda i, j: j <= i - K) if sign < 0 else (lambda i, j: j >= i + K)
+        _, lse_tail = flex(q, k, v, score_mod, buffers, mask, extra=tail)
+        mass = (lse_tail - lse).exp().unsqueeze(-1)  # A±: (B, H, T, 1); an empty tail's lse is −inf: 0
+        values = values + mass * _per_head(relative_values, row).to(work).view(-1, 1, d)
+    return out + values.to(q.dtype)
+
+
+def _tail_possible(sign: int, K: int, T: int, S: int, mask: FlexMask) -> bool:
+    """Whether any query has a key in that tail (the decoder's causal mask leaves the upper one empty)."""
+    if T <= K and S <= K:
+        return False
+    if mask.allowed is None:
+        return True
+    i = torch.arange(T, device=mask.allowed.device)[:, None]
+    j = torch.arange(S, device=mask.allowed.device)[None, :]
+    region = (j <= i - K) if sign < 0 else (j >= i + K)
+    return bool((mask.allowed & region).any())
