@@ -33,7 +33,8 @@ BLEU, it went on but garbled.
 Cost on Multi30k (the study's 4+4-layer d = 128 model, one thread): trained on all lengths, L = 49 and k = 1..12,
 240 probes of 21,442 source tokens (1.4× the test set); a 1-epoch model, whose outputs often ran to the cap (the
 slowest case), took 92 s (45 s of CPU) on a busy 2-core machine. ≤ 14-word training: L = 38, k = 1..9, 180
-probes; MAX_TRAIN_TOKENS=18: L = 19, k = 1..5, 100 probes.
+probes; MAX_TRAIN_TOKENS=18: L = 19, k = 1..5, 100 probes; MAX_TRAIN_TOKENS=32 JOIN_TRAIN=1 (the condition the probe
+is read in): L = 33, k = 1..8, 160 probes up to 148 tokens.
 """
 import argparse
 import json
