@@ -312,8 +312,8 @@ def table(args):
     if known and max(known) < SINGLE_SENTENCE_SHARE:
         lines += [f"**Trained on single sentences** ({max(known):.1%} or less of the training targets hold more than "
                   "one): a joined probe is out of these models' training distribution at every length, the ≤ 1× "
-                  "bucket included; they end after about one sentence (sentence ratio), so the buckets past 1× "
-                  "do not measure unseen positions.", ""]
+                  "bucket included (the sentence ratio shows whether an output stops after one sentence), so the "
+                  "buckets past 1× do not measure unseen positions.", ""]
     elif known:
         lines += [f"Training targets with more than one sentence: {min(known):.1%}–{max(known):.1%} (joined pairs "
                   "up to the cap): several sentences in one input are in the training distribution, and the "
