@@ -315,7 +315,8 @@ def table(args):
                   "bucket included (the sentence ratio shows whether an output stops after one sentence), so the "
                   "buckets past 1× do not measure unseen positions.", ""]
     elif known:
-        lines += [f"Training targets with more than one sentence: {min(known):.1%}–{max(known):.1%} (joined pairs "
+        spread = f"{min(known):.1%}" + (f"–{max(known):.1%}" if max(known) > min(known) else "")
+        lines += [f"Training targets with more than one sentence: {spread} (joined pairs "
                   "up to the cap): several sentences in one input are in the training distribution, and the "
                   "buckets past 1× are positions the models never saw.", ""]
     capped = sum(b["at_max_len"] for r in runs for b in r["buckets"])
