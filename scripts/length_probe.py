@@ -16,14 +16,25 @@ probes are longer than --beyond × L (default 3), so the last bucket holds at le
 its pieces of the run's sentencepiece model + EOS; its bucket, that length relative to L (--edges 1,1.5,2,3:
 ≤ 1×, 1–1.5×, 1.5–2×, 2–3×, > 3×). Decoding is the test set's (scripts/generate.sh: beam, length penalty) with
 --max-len-a 2 --max-len-b 10, so that no reference-length output is cut; a probe or output longer than the
-model's max_source/target_positions is refused, not truncated. Per bucket: the Multi30k literature's tokenized
-lowercased BLEU (tooling/bleu.py), the hypothesis/reference length ratio in those tokens, and how many outputs
+model's max_source/target_positions is refused, not truncated. Per bucket, and again per k: the Multi30k
+literature's tokenized lowercased BLEU (tooling/bleu.py), the hypothesis/reference length ratio in those tokens,
+the hypothesis/reference ratio of sentences (sentence ends: . ! ? before a space or the end), and how many outputs
 reached the length cap. Writes OUT (atomically) and the detokenized hypotheses beside it (OUT minus .json + .hyp).
+
+What it can show depends on the training data, so the result records the share of the training targets that hold
+more than one sentence. A model trained on single captions (Multi30k: 92 of 29,000 targets) learns to end its
+output after the first period: on joined test sentences its hypotheses hold one sentence at every k, within the
+training positions too, and the probe then measures that, not extrapolation (results/multi30k_study/README.md).
+Trained with joined pairs up to a token cap (multi30k_study.sh JOIN_TRAIN=1), inputs of several sentences are in
+the training distribution, the ≤ 1× bucket translates like the test set, and the buckets past 1× are positions the
+model never saw. The sentence ratio tells the two failures apart: < 1, the output stopped early; ≈ 1 with a low
+BLEU, it went on but garbled.
 
 Cost on Multi30k (the study's 4+4-layer d = 128 model, one thread): trained on all lengths, L = 49 and k = 1..12,
 240 probes of 21,442 source tokens (1.4× the test set); a 1-epoch model, whose outputs often ran to the cap (the
 slowest case), took 92 s (45 s of CPU) on a busy 2-core machine. ≤ 14-word training: L = 38, k = 1..9, 180
-probes; MAX_TRAIN_TOKENS=18: L = 19, k = 1..5, 100 probes.
+probes; MAX_TRAIN_TOKENS=18: L = 19, k = 1..5, 100 probes; MAX_TRAIN_TOKENS=32 JOIN_TRAIN=1 (the condition the probe
+is read in): L = 33, k = 1..8, 160 probes up to 148 tokens.
 """
 import argparse
 import json
@@ -43,6 +54,10 @@ from tooling.paths import REPO, portable
 
 PROBE_FILE = re.compile(r"(\w+)\.seed(\d+)\.probe\.json")
 MAX_LEN_A, MAX_LEN_B = 2, 10
+# a sentence end: . ! or ? (repeated, then closing quotes or brackets) before a space or the end of the line
+SENTENCE_END = re.compile(r"[.!?]+[\"'»«“”‘’)\]]*(?=\s|$)")
+# below this share of multi-sentence training targets, a run counts as trained on single sentences
+SINGLE_SENTENCE_SHARE = 0.05
 
 
 def fail(message):
@@ -73,6 +88,25 @@ def bucket_labels(edges):
 
 def bucket_of(ratio, edges):
     return next((i for i, e in enumerate(edges) if ratio <= e), len(edges))
+
+
+def sentences(text):
+    """How many sentences a line holds: its sentence ends (a line without end punctuation holds none)."""
+    return len(SENTENCE_END.findall(text))
+
+
+def multi_sentence_share(lines):
+    """The share of lines that hold more than one sentence."""
+    return sum(sentences(line) > 1 for line in lines) / len(lines) if lines else 0.0
+
+
+def scores(hyps, refs):
+    """tok-lc BLEU, hypothesis/reference length (tok-lc tokens) and sentences (None where the references hold
+    none) of aligned hypotheses and references."""
+    bleu = tokenized_bleu(hyps, refs, lowercase=True, compounds=False)
+    ref_sentences = sum(sentences(r) for r in refs)
+    return {"bleu_tok_lc": round(bleu.score, 2), "hyp_ref_ratio": round(bleu.sys_len / bleu.ref_len, 3),
+            "hyp_ref_sentences": round(sum(sentences(h) for h in hyps) / ref_sentences, 3) if ref_sentences else None}
 
 
 def longest_training(data, src, tgt):
@@ -164,6 +198,7 @@ def score(args):
     if len(src) != len(ref) or not src:
         fail(f"--data {args.data}: raw/test.{args.src} and raw/test.{args.tgt} have {len(src)} and {len(ref)} lines")
     longest_src, longest_tgt = longest_training(args.data, args.src, args.tgt)
+    train_targets = read_lines(os.path.join(args.data, "raw", f"train.{args.tgt}"), "--data")
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=os.path.join(args.data, "spm.model"))
@@ -188,13 +223,17 @@ def score(args):
         row = {"bucket": label, "lo": edges[b - 1] if b else 0, "hi": edges[b] if b < len(edges) else None,
                "probes": len(idx), "ks": sorted({probes[i][0] for i in idx}),
                "source_tokens": [min(probes[i][4] for i in idx), max(probes[i][4] for i in idx)] if idx else None,
-               "bleu_tok_lc": None, "hyp_ref_ratio": None, "at_max_len": 0}
+               "bleu_tok_lc": None, "hyp_ref_ratio": None, "hyp_ref_sentences": None, "at_max_len": 0}
         if idx:
-            bleu = tokenized_bleu([hyps[i] for i in idx], [probes[i][3] for i in idx], lowercase=True,
-                                  compounds=False)
-            row["bleu_tok_lc"], row["hyp_ref_ratio"] = round(bleu.score, 2), round(bleu.sys_len / bleu.ref_len, 3)
+            row.update(scores([hyps[i] for i in idx], [probes[i][3] for i in idx]))
             row["at_max_len"] = sum(pieces[i] >= int(MAX_LEN_A * probes[i][4] + MAX_LEN_B) for i in idx)
         buckets.append(row)
+    by_k = []
+    for k in sorted({p[0] for p in probes}):
+        idx = [i for i, p in enumerate(probes) if p[0] == k]
+        by_k.append({"k": k, "probes": len(idx), "source_tokens": [min(probes[i][4] for i in idx),
+                                                                    max(probes[i][4] for i in idx)],
+                     **scores([hyps[i] for i in idx], [probes[i][3] for i in idx])})
     base = args.out[:-len(".json")] if args.out.endswith(".json") else args.out
     write_text(base + ".hyp", "".join(h + "\n" for h in hyps))
     result = {
@@ -202,13 +241,14 @@ def score(args):
         "checkpoint": portable(os.path.abspath(args.checkpoint)), "data": portable(os.path.abspath(args.data)),
         "unit": "tokens: sentencepiece pieces of the run's model + EOS, as the encoder sees a sentence",
         "train_longest_source": longest_src, "train_longest_target": longest_tgt,
+        "train_multi_sentence_targets": round(multi_sentence_share(train_targets), 4),
         "per_k": args.per_k, "ks": sorted({p[0] for p in probes}), "beyond": args.beyond, "edges": edges,
         "probes": len(probes), "longest_probe_source": longest_probe,
         "test_sentences": len(src), "stride": len(src) // args.per_k,
         "decoding": {"beam": args.beam, "lenpen": args.lenpen, "max_len_a": MAX_LEN_A, "max_len_b": MAX_LEN_B,
                      "max_source_positions": max_src, "max_target_positions": max_tgt},
         "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1), "bleu_tok_lc_method": METHOD_LOWERCASE,
-        "hypotheses": os.path.basename(base + ".hyp"), "buckets": buckets,
+        "hypotheses": os.path.basename(base + ".hyp"), "buckets": buckets, "by_k": by_k,
     }
     write_json(args.out, result, indent=2)
     cells = "  ".join(f"{b['bucket']}: {'-' if b['bleu_tok_lc'] is None else b['bleu_tok_lc']} ({b['probes']})"
@@ -255,16 +295,30 @@ def table(args):
              f"pieces + EOS); cells: mean ± std over seeds. Decoding: beam {first['decoding']['beam']}, length "
              f"penalty {first['decoding']['lenpen']}, max length {MAX_LEN_A}·source + {MAX_LEN_B}.", ""]
     for title, key in (("BLEU tok-lc", "bleu_tok_lc"), ("hypothesis / reference length (tok-lc tokens)",
-                                                         "hyp_ref_ratio")):
+                                                         "hyp_ref_ratio"),
+                       ("hypothesis / reference sentences (sentence ends)", "hyp_ref_sentences")):
         lines += [f"**{title}**", "", "| model | runs | " + " | ".join(heads) + " |",
                   "|---" * (len(heads) + 2) + "|",
                   "| probes | | " + " | ".join(str(b["probes"]) for b in first["buckets"]) + " |"]
         for model in models:
             group = results.get(model, [])
             if group:
-                cells = [mean_std([r["buckets"][i][key] for r in group]) for i in range(len(heads))]
+                # results written before a quantity existed lack it: their cells stay empty
+                cells = [mean_std([r["buckets"][i].get(key) for r in group]) for i in range(len(heads))]
                 lines.append(f"| {model} | {len(group)} | " + " | ".join(cells) + " |")
         lines.append("")
+    shares = [r.get("train_multi_sentence_targets") for r in runs]
+    known = [x for x in shares if x is not None]
+    if known and max(known) < SINGLE_SENTENCE_SHARE:
+        lines += [f"**Trained on single sentences** ({max(known):.1%} or less of the training targets hold more than "
+                  "one): a joined probe is out of these models' training distribution at every length, the ≤ 1× "
+                  "bucket included (the sentence ratio shows whether an output stops after one sentence), so the "
+                  "buckets past 1× do not measure unseen positions.", ""]
+    elif known:
+        spread = f"{min(known):.1%}" + (f"–{max(known):.1%}" if max(known) > min(known) else "")
+        lines += [f"Training targets with more than one sentence: {spread} (joined pairs "
+                  "up to the cap): several sentences in one input are in the training distribution, and the "
+                  "buckets past 1× are positions the models never saw.", ""]
     capped = sum(b["at_max_len"] for r in runs for b in r["buckets"])
     lines.append(f"Outputs that reached the length cap: {capped} of {sum(r['probes'] for r in runs)}. "
                  f"Probe seconds per run: {min(r['seconds'] for r in runs):.0f}–{max(r['seconds'] for r in runs):.0f}.")

@@ -1,7 +1,10 @@
 """scripts/length_probe.py: probes made of joined test sentences reach the asked multiple of the longest training
-source (measured on the run's binarized data), every probe falls into exactly one bucket, each bucket's score is
-the tokenized lowercased BLEU of exactly its probes, decoding is scripts/generate.sh's, results are atomic and
-portable, bad input is one line; the table is mean ± std over seeds."""
+source (measured on the run's binarized data), every probe falls into exactly one bucket, each bucket's (and each
+k's) score is the tokenized lowercased BLEU of exactly its probes, with the ratio of hypothesis to reference
+sentences that shows an output stopping after its first sentence, and the share of multi-sentence training targets
+that says whether joined probes are in the training distribution; decoding is scripts/generate.sh's, results are
+atomic and portable, bad input is one line; the table is mean ± std over seeds and says when the models were
+trained on single sentences."""
 import json
 import subprocess
 import sys
@@ -53,6 +56,26 @@ def test_buckets_are_relative_to_the_longest_training_source():
         [0, 0, 1, 1, 2, 3, 3, 4]
 
 
+def test_sentences_are_counted_by_their_ends():
+    assert length_probe.sentences("Ein Mann läuft. Eine Frau sitzt!") == 2
+    assert length_probe.sentences('Er ruft "Hallo!" Dann geht er.') == 2
+    assert length_probe.sentences("Zwei Männer mit 2.5 Hunden") == 0  # no end punctuation: no sentence
+    assert length_probe.sentences("Wer? Ich...") == 2
+    assert length_probe.multi_sentence_share(["A. B.", "C.", "D", "E. F. G."]) == 0.5
+    assert length_probe.multi_sentence_share([]) == 0.0
+
+
+def test_an_output_that_stops_after_its_first_sentence_shows_in_the_sentence_ratio():
+    """What the full-data models do on joined probes: one sentence, then EOS. BLEU and the length ratio fall with
+    k whatever the cause; the sentence ratio names this one."""
+    refs = ["Ein Hund rennt. Eine Katze schläft.", "Ein Mann isst. Ein Kind lacht. Eine Frau liest."]
+    first = ["Ein Hund rennt.", "Ein Mann isst."]
+    stopped = length_probe.scores(first, refs)
+    assert stopped["hyp_ref_sentences"] == round(2 / 5, 3) and stopped["hyp_ref_ratio"] == round(8 / 20, 3)
+    assert length_probe.scores(refs, refs) == {"bleu_tok_lc": 100.0, "hyp_ref_ratio": 1.0, "hyp_ref_sentences": 1.0}
+    assert length_probe.scores(["a b"], ["c d"])["hyp_ref_sentences"] is None  # references without sentence ends
+
+
 def test_score_a_finished_run(trained, tmp_path):
     data, checkpoint = trained
     out = tmp_path / "runs" / "transformer.seed1.probe.json"
@@ -86,6 +109,18 @@ def test_score_a_finished_run(trained, tmp_path):
             bleu = tokenized_bleu([hyps[j] for j in idx], [probes[j][3] for j in idx], lowercase=True,
                                   compounds=False)
             assert b["bleu_tok_lc"] == round(bleu.score, 2) and b["hyp_ref_ratio"] == round(bleu.sys_len / bleu.ref_len, 3)
+            assert b["hyp_ref_sentences"] == length_probe.scores([hyps[j] for j in idx],
+                                                                 [probes[j][3] for j in idx])["hyp_ref_sentences"]
+    # the same per k: every probe of a k, in the order the probes were made
+    assert [r["k"] for r in result["by_k"]] == result["ks"]
+    for row in result["by_k"]:
+        idx = [j for j, p in enumerate(probes) if p[0] == row["k"]]
+        assert row["probes"] == len(idx) == 8
+        assert row["source_tokens"] == [min(probes[j][4] for j in idx), max(probes[j][4] for j in idx)]
+        assert {key: row[key] for key in ("bleu_tok_lc", "hyp_ref_ratio", "hyp_ref_sentences")} == \
+            length_probe.scores([hyps[j] for j in idx], [probes[j][3] for j in idx])
+    train_targets = (data / "raw" / "train.tgt").read_text(encoding="utf-8").splitlines()
+    assert result["train_multi_sentence_targets"] == round(length_probe.multi_sentence_share(train_targets), 4)
     assert "transformer.seed1: longest training source" in printed
     assert not list(tmp_path.rglob("*.tmp")) and not list((tmp_path / "runs").glob(".*"))
 
@@ -119,13 +154,14 @@ def test_bad_input_is_one_line(trained, tmp_path, change, message):
     assert not list(tmp_path.iterdir())
 
 
-def fake_result(name, model, bleus, ratios, longest=20):
+def fake_result(name, model, bleus, ratios, longest=20, sentences=(1.0, 0.5, 0.3), multi=0.003):
     return {"name": name, "model": model, "train_longest_source": longest, "edges": [1, 2], "ks": [1, 2, 3],
-            "per_k": 4, "test_sentences": 40, "probes": 12, "seconds": 3.0,
+            "per_k": 4, "test_sentences": 40, "probes": 12, "seconds": 3.0, "train_multi_sentence_targets": multi,
             "decoding": {"beam": 5, "lenpen": 1.0},
             "buckets": [{"bucket": label, "probes": 4, "source_tokens": [lo, lo + 9], "bleu_tok_lc": b,
-                         "hyp_ref_ratio": r, "at_max_len": 0}
-                        for label, lo, b, r in zip(["≤ 1×", "1–2×", "> 2×"], [5, 21, 41], bleus, ratios)]}
+                         "hyp_ref_ratio": r, "hyp_ref_sentences": n, "at_max_len": 0}
+                        for label, lo, b, r, n in zip(["≤ 1×", "1–2×", "> 2×"], [5, 21, 41], bleus, ratios,
+                                                      sentences)]}
 
 
 def test_table_mean_and_std_over_seeds(tmp_path):
@@ -144,6 +180,19 @@ def test_table_mean_and_std_over_seeds(tmp_path):
     assert "| t5 | 2 | 31.00 ± 1.41 | 21.00 ± 1.41 | 10.00 |" in out
     assert "| rope | 1 | 31.00 | 25.00 | 18.00 |" in out
     assert "| t5 | 2 | 1.00 ± 0.00 | 0.90 ± 0.00 | 0.80 |" in out
+    sentences = out.split("**hypothesis / reference sentences (sentence ends)**")[1]
+    assert "| rope | 1 | 1.00 | 0.50 | 0.30 |" in sentences
+    # every run trained on single sentences (0.3% multi-sentence targets): the table says what that means
+    assert "**Trained on single sentences** (0.3% or less of the training targets hold more than one)" in out
+    assert "do not measure unseen positions" in out
+    # trained with joined pairs: several sentences per input were in training, the buckets past 1× are unseen
+    for name, model in (("t5.seed1", "t5"), ("t5.seed2", "t5"), ("rope.seed1", "rope")):
+        (runs / f"{name}.probe.json").write_text(json.dumps(fake_result(name, model, [30, 20, 10], [1, 1, 1],
+                                                                        multi=0.275)))
+    joined = run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
+                  "--seeds", "1 2"]).stdout
+    assert "Trained on single sentences" not in joined
+    assert "Training targets with more than one sentence: 27.5% (joined pairs up to the cap)" in joined
     (runs / "rope.seed1.probe.json").write_text(json.dumps(fake_result("rope.seed1", "rope", [1, 1, 1], [1, 1, 1],
                                                                        longest=30)))
     bad = run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",

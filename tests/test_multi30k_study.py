@@ -325,8 +325,38 @@ def test_train_short_in_tokens(corpus, tmp_path):
     assert "shape_max_shift=7" in log.replace("'shape_max_shift': 7", "shape_max_shift=7")
 
 
+def test_train_short_with_joined_pairs(corpus, tmp_path):
+    """JOIN_TRAIN=1: the single pairs within MAX_TRAIN_TOKENS, then consecutive training pairs joined within the same
+    cap (filter_by_length.py --join), in the recipe; the probe measures from the longest source, joins included."""
+    import filter_by_length
+    import sentencepiece as spm
+
+    cap = 30  # the toy sentences are 11-40 pieces: some pairs of short ones fit
+    out = study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1", MAX_TRAIN_TOKENS=str(cap),
+                JOIN_TRAIN="1").stdout
+    data = tmp_path / "data"
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    pairs = list(zip(*((corpus / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de"))))
+    lengths = [(len(sp.encode(s)), len(sp.encode(t))) for s, t in pairs]
+    singles = [p for p, (a, b) in zip(pairs, lengths) if a <= cap and b <= cap]
+    runs = filter_by_length.packs([a for a, _ in lengths], [b for _, b in lengths], cap)
+    joins = [tuple(" ".join(side) for side in zip(*pairs[a:b + 1])) for a, b in runs]
+    written = list(zip(*((data / "raw" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+                         for lang in ("en", "de"))))
+    assert joins and written == singles + joins
+    assert all(len(sp.encode(s)) <= cap and len(sp.encode(t)) <= cap for s, t in joins)  # the cap holds joined
+    assert f"added {len(joins)} joins of 2-" in out
+    result = json.loads((tmp_path / "results" / "runs" / "transformer.seed1.json").read_text())
+    assert f"max_train_len=none max_train_tokens={cap} join_train=1 model_args=" in result["recipe"]
+    probe = json.loads((tmp_path / "results" / "runs" / "transformer.seed1.probe.json").read_text())
+    assert probe["train_longest_source"] == max(len(sp.encode(s)) for s, _ in written) + 1 <= cap + 1
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"JOBS": "two"}, "JOBS=two: expected a positive integer"),
+    ({"JOIN_TRAIN": "yes", "MAX_TRAIN_TOKENS": "12"}, "JOIN_TRAIN=yes: expected 1 (or unset)"),
+    ({"JOIN_TRAIN": "1"}, "JOIN_TRAIN=1 needs MAX_TRAIN_TOKENS (joins are capped in tokens), e.g. "
+                          "MAX_TRAIN_TOKENS=32 JOIN_TRAIN=1"),
     ({"MAX_TRAIN_TOKENS": "0"}, "MAX_TRAIN_TOKENS=0: expected a positive integer"),
     ({"SHAPE_K": "x"}, "SHAPE_K=x: expected a positive integer"),
     ({"MAX_TRAIN_LEN": "10", "MAX_TRAIN_TOKENS": "12"},

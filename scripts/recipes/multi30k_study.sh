@@ -39,11 +39,17 @@
 # runs/, i.e. the study without MAX_TRAIN_LEN) when that run used the same recipe. MAX_TRAIN_TOKENS=18 caps
 # training pairs in tokens instead: source and target each at most 18 sentencepiece pieces of the run's own model
 # (the full training set's, trained first: the cap is exact), into data/checkpoint/result dirs of its own (_tok18).
+# JOIN_TRAIN=1 (with MAX_TRAIN_TOKENS) adds consecutive training pairs joined up to the same cap
+# (filter_by_length.py --join; dirs _tokN_joined): the train-short condition of the length probe, where inputs of
+# several sentences are in the training distribution and only the positions past the cap are new.
+#   MAX_TRAIN_TOKENS=32 JOIN_TRAIN=1 MODELS=transformer SEEDS=1 scripts/recipes/multi30k_study.sh
 #
 # Length probe (scripts/length_probe.py): right after its test decoding, every run translates test sentences
 # joined k at a time (k = 1, 2, ... until beyond 3x its longest training source in tokens) and scores them by
 # source length relative to that longest training source: runs/MODEL.seedS.probe.json (+ .probe.hyp), and
 # probe_table.md (mean +- std over seeds). A finished run without its probe is probed when its checkpoint is here.
+# It reads extrapolation only for JOIN_TRAIN runs: a model trained on single captions stops after one sentence
+# at every length (results/multi30k_study/README.md).
 #
 # The runs take hours: to keep them on one fixed version of the code, run the script from a snapshot of a commit
 # (git archive HEAD | tar -x -C SNAP; CODE_VERSION=<commit> DATA_DIR=... CKPT_ROOT=... OUT_DIR=... absolute).
@@ -52,9 +58,9 @@
 # on seed 3, results/multi30k_study/probe.md), LR (0.005), FT_EPOCHS (3), FT_WARMUP (50), AVG (3), FT_AVG (2),
 # VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
 # DEVICE (cpu, the default; cuda: training and decoding on the GPU, JOBS runs sharing it; not part of the recipe),
-# MAX_TRAIN_LEN, MAX_TRAIN_TOKENS, EDGES, ALL_LENGTHS_RUNS, SHAPE_K, TABLES_ONLY, MULTI30K_DIR
-# (../shared/data/multi30k); DATA_DIR, CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN|_tokN],
-# checkpoints/multi30k_study[_lenN|_tokN], results/multi30k_study[/lenN|/tokN]). A finished run records the
+# MAX_TRAIN_LEN, MAX_TRAIN_TOKENS, JOIN_TRAIN, EDGES, ALL_LENGTHS_RUNS, SHAPE_K, TABLES_ONLY, MULTI30K_DIR
+# (../shared/data/multi30k); DATA_DIR, CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN|_tokN[_joined]],
+# checkpoints/multi30k_study[_lenN|_tokN[_joined]], results/multi30k_study[/lenN|/tokN[_joined]]). A finished run records the
 # recipe; asking for another recipe is an error.
 set -euo pipefail
 
@@ -70,12 +76,12 @@ AVG=${AVG:-3} FT_AVG=${FT_AVG:-2}
 VOCAB=${VOCAB:-10000} MAX_TOKENS=${MAX_TOKENS:-4096} BEAM=${BEAM:-5} LENPEN=${LENPEN:-1}
 JOBS=${JOBS:-1} THREADS=${THREADS:-1}
 DEVICE=${DEVICE:-cpu}
-MAX_TRAIN_LEN=${MAX_TRAIN_LEN:-} MAX_TRAIN_TOKENS=${MAX_TRAIN_TOKENS:-} SHAPE_K=${SHAPE_K:-50}
+MAX_TRAIN_LEN=${MAX_TRAIN_LEN:-} MAX_TRAIN_TOKENS=${MAX_TRAIN_TOKENS:-} JOIN_TRAIN=${JOIN_TRAIN:-} SHAPE_K=${SHAPE_K:-50}
 EDGES=${EDGES:-1,10,15,20,inf}
 MODEL_ARGS=${MODEL_ARGS:-"--encoder-layers 4 --decoder-layers 4 --encoder-embed-dim 128 --decoder-embed-dim 128 \
 --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 --encoder-attention-heads 4 --decoder-attention-heads 4"}
 MULTI30K_DIR=${MULTI30K_DIR:-../shared/data/multi30k}
-suffix=${MAX_TRAIN_LEN:+_len$MAX_TRAIN_LEN}${MAX_TRAIN_TOKENS:+_tok$MAX_TRAIN_TOKENS}
+suffix=${MAX_TRAIN_LEN:+_len$MAX_TRAIN_LEN}${MAX_TRAIN_TOKENS:+_tok$MAX_TRAIN_TOKENS}${JOIN_TRAIN:+_joined}
 DATA=${DATA_DIR:-data/multi30k_study_$SRC$TGT$suffix}
 CKPT_ROOT=${CKPT_ROOT:-checkpoints/multi30k_study$suffix}
 OUT=${OUT_DIR:-results/multi30k_study${suffix:+/${suffix#_}}}
@@ -92,6 +98,9 @@ export DEVICE  # train_small.sh and generate.sh: --cpu or not
 [[ $LR =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ ]] || die "LR=$LR: expected a positive number"
 [[ $LENPEN =~ ^[0-9]*\.?[0-9]+$ ]] || die "LENPEN=$LENPEN: expected a number"
 [[ -z ${TABLES_ONLY:-} || $TABLES_ONLY == 1 ]] || die "TABLES_ONLY=$TABLES_ONLY: expected 1 (or unset)"
+[[ -z $JOIN_TRAIN || $JOIN_TRAIN == 1 ]] || die "JOIN_TRAIN=$JOIN_TRAIN: expected 1 (or unset)"
+[[ -z $JOIN_TRAIN || -n $MAX_TRAIN_TOKENS ]] ||
+  die "JOIN_TRAIN=1 needs MAX_TRAIN_TOKENS (joins are capped in tokens), e.g. MAX_TRAIN_TOKENS=32 JOIN_TRAIN=1"
 [ -n "${SEEDS// /}" ] || die "SEEDS is empty: expected positive integers, e.g. \"1 2 3\""
 for s in $SEEDS; do [[ $s =~ ^[1-9][0-9]*$ ]] || die "SEEDS=\"$SEEDS\": expected positive integers, got '$s'"; done
 [ -n "${MODELS// /}" ] || die "MODELS is empty: expected some of $(python -m fairseq_plugins models) floater_warm transformer_ft"
@@ -134,7 +143,7 @@ if [ ! -s "$DATA/raw/test.$TGT" ]; then
       mv "$DATA/spm.tmp/spm.vocab" "$DATA/spm.vocab" && mv "$DATA/spm.tmp/spm.model" "$DATA/spm.model"
       rm -rf "$DATA/spm.tmp"
     fi
-    python scripts/filter_by_length.py --max-tokens "$MAX_TRAIN_TOKENS" --spm "$DATA/spm.model" \
+    python scripts/filter_by_length.py --max-tokens "$MAX_TRAIN_TOKENS" --spm "$DATA/spm.model" ${JOIN_TRAIN:+--join} \
       --src "$MULTI30K_DIR/train.$SRC" --tgt "$MULTI30K_DIR/train.$TGT" --out-prefix "$DATA/raw/train"
   else
     for lang in "$SRC" "$TGT"; do copy "$MULTI30K_DIR/train.$lang" "$DATA/raw/train.$lang"; done
@@ -147,7 +156,7 @@ fi
 bash scripts/prepare_bitext.sh "$DATA/raw" "$DATA" "$SRC" "$TGT" "$VOCAB"
 RECIPE="epochs=$EPOCHS warmup=$WARMUP lr=$LR ft_epochs=$FT_EPOCHS ft_warmup=$FT_WARMUP avg=$AVG ft_avg=$FT_AVG \
 vocab=$VOCAB max_tokens=$MAX_TOKENS beam=$BEAM lenpen=$LENPEN max_train_len=${MAX_TRAIN_LEN:-none} \
-${MAX_TRAIN_TOKENS:+max_train_tokens=$MAX_TRAIN_TOKENS }model_args=$MODEL_ARGS"
+${MAX_TRAIN_TOKENS:+max_train_tokens=$MAX_TRAIN_TOKENS }${JOIN_TRAIN:+join_train=1 }model_args=$MODEL_ARGS"
 
 # --- the runs, in the order scripts/study.py plan gives: everything trained from scratch, then (once all of
 # those have finished) what starts from a trained transformer; JOBS of them side by side
