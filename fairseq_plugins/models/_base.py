@@ -7,9 +7,11 @@ a checkpoint refuses, in one line naming both, to load into a model of another s
 parameters of their own (RoPE, ALiBi, NoPE, sinusoidal) have identical state dicts, which nothing else tells
 apart."""
 import logging
+import sys
 
 import torch
 from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.modules import SinusoidalPositionalEmbedding
 
 from ._config import as_namespace
 
@@ -31,6 +33,11 @@ def decode_record(tensor):
 
 class SchemeMismatch(ValueError):
     one_line = True  # fairseq_plugins' excepthook prints the message alone
+
+
+def _stack_limit(stack):
+    table = getattr(stack, "embed_positions", None)
+    return None if table is None or isinstance(table, SinusoidalPositionalEmbedding) else stack.max_positions()
 
 
 class PluginTransformerModel(TransformerModel):
@@ -83,6 +90,18 @@ class PluginTransformerModel(TransformerModel):
 
     def family_name(self):
         return self.__class__.family
+
+    def max_positions(self):
+        """(source, target) lengths the model can take: None for a stack with no length limit, so that the
+        task's --max-source-positions/--max-target-positions (at training and at decoding alike) decide alone.
+        fairseq's own encoder reports its stored max_source_positions, a training setting that a decode-time flag
+        cannot raise; only a learned table has rows to run out of (sinusoidal tables, SHAPE's included, grow on
+        demand; relative, score-bias, rotary and ODE positions have no table)."""
+        return _stack_limit(self.encoder), _stack_limit(self.decoder)
+
+    def max_decoder_positions(self):
+        limit = _stack_limit(self.decoder)
+        return sys.maxsize if limit is None else limit
 
     def arch_name(self):
         return getattr(self.args, "arch", None) or self.family_name()
