@@ -118,14 +118,11 @@ class PluginTransformerModel(TransformerModel):
         non-strict load (the warm-start converter's) is a partial load by intent and is not checked."""
         mine = decode_record(getattr(self, RECORD))
         theirs = state_dict.get(RECORD)
-        state_dict = dict(state_dict)  # this model's record replaces the checkpoint's (or its absence)
-        state_dict[RECORD] = getattr(self, RECORD).clone()
         if theirs is None:
             logger.info(f"the checkpoint has no position-scheme record (written before records were kept): "
                         f"loaded as {mine}")
         elif strict:
-            theirs = decode_record(theirs)
-            t_arch, *t_schemes = theirs.split()
+            t_arch, *t_schemes = decode_record(theirs).split()
             m_arch, *m_schemes = mine.split()
             if t_schemes != m_schemes and not getattr(self.args, "allow_scheme_change", False):
                 raise SchemeMismatch(
@@ -133,6 +130,9 @@ class PluginTransformerModel(TransformerModel):
                     f"{t_schemes[-1]}) and this model is {m_arch} (encoder {m_schemes[0]}, decoder "
                     f"{m_schemes[-1]}): a model does not carry over between position schemes; use the same "
                     "--arch, or pass --allow-scheme-change to load it anyway")
+        # this model's record replaces the checkpoint's (or its absence), in place as fairseq's upgrades are made,
+        # so that fairseq's report of other differences does not name the record
+        state_dict[RECORD] = getattr(self, RECORD).clone()
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def __prepare_scriptable__(self):
