@@ -30,10 +30,29 @@ for split in "${SPLITS[@]}"; do
   [ "$ns" = "$nt" ] || {
     echo "prepare_bitext.sh: $RAW/$split.$SRC has $ns lines but $RAW/$split.$TGT has $nt (must be line-aligned)" >&2; exit 1; }
 done
+# every file is UTF-8 text, checked before anything is written: sentencepiece and fairseq fail on other bytes
+# with errors that name neither the file nor the line
+for split in "${SPLITS[@]}"; do
+  for lang in "$SRC" "$TGT"; do
+    "$PY" - "$RAW/$split.$lang" <<'PYEOF' || exit 1
+import sys
+path = sys.argv[1]
+with open(path, "rb") as f:
+    for number, line in enumerate(f, 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            sys.exit(f"prepare_bitext.sh: {path} line {number} is not UTF-8 (byte 0x{line[e.start]:02x} at "
+                     f"offset {e.start}); re-encode the file, e.g. iconv -f latin1 -t utf-8")
+PYEOF
+  done
+done
+echo "prepare_bitext.sh: $RAW checked (${#SPLITS[@]} splits of $SRC-$TGT, line-aligned UTF-8)"
 mkdir -p "$OUT/spm"
 
 # 1. joint sentencepiece model on train (both sides)
 if [ ! -s "$OUT/spm.model" ]; then
+  echo "prepare_bitext.sh: 1/3 training the joint sentencepiece model ($VOCAB pieces) on $RAW/train.{$SRC,$TGT}"
   # a fixed temporary name: a rerun after an interruption replaces it instead of leaving a stray directory,
   # and spm.model, which records its model prefix, is the same file on every run with the same paths
   tmp=$OUT/spm.tmp
@@ -51,6 +70,7 @@ for split in "${SPLITS[@]}"; do
   for lang in "$SRC" "$TGT"; do
     dst="$OUT/spm/$split.$lang"
     if [ ! -f "$dst" ]; then
+      echo "prepare_bitext.sh: 2/3 encoding $RAW/$split.$lang into pieces"
       "$PY" "$HERE/spm_encode.py" --model "$OUT/spm.model" < "$RAW/$split.$lang" > "$dst.tmp"
       mv "$dst.tmp" "$dst"
     fi
@@ -59,6 +79,7 @@ done
 
 # 3. binarize with one joined dictionary
 if [ ! -f "$OUT/bin/.done" ]; then
+  echo "prepare_bitext.sh: 3/3 binarizing with one joined dictionary (fairseq-preprocess, log: $OUT/preprocess.log)"
   rm -rf "$OUT/bin.tmp"
   fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" --joined-dictionary \
     --trainpref "$OUT/spm/train" --validpref "$OUT/spm/valid" --testpref "$OUT/spm/test" \

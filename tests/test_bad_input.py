@@ -10,6 +10,7 @@ checkpoint messages come from our fairseq patch (third_party/fairseq-0.12.2.patc
 Trainer.load_checkpoint); the too-long sentence is fairseq's own size check, made before anything is translated.
 """
 import subprocess
+import sys
 
 import pytest
 
@@ -189,3 +190,103 @@ def test_demo_rejects_an_unknown_model_before_writing(tmp_path):
         "fairseq_plugins: unknown model 'shaw_transformer_tiny': expected one of transformer, learned, every_layer, "
         "shape, t5, alibi, rope, nope, relative, floater or one of their architectures"]
     assert not out.exists()
+
+
+# -- text that is not UTF-8 ---------------------------------------------------------------------------------
+
+
+def test_prepare_rejects_non_utf8_before_writing(tmp_path):
+    raw = write_corpus(tmp_path / "raw")
+    (raw / "valid.src").write_bytes(b"a b\nthe caf\xe9 dog\n")  # Latin-1
+    out = tmp_path / "out"
+    proc = run_split(["bash", "scripts/prepare_bitext.sh", str(raw), str(out), "src", "tgt", VOCAB])
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [f"prepare_bitext.sh: {raw}/valid.src line 2 is not UTF-8 (byte 0xe9 at "
+                                        "offset 7); re-encode the file, e.g. iconv -f latin1 -t utf-8"]
+    assert not out.exists()
+
+
+def test_interactive_skips_a_non_utf8_line_and_translates_the_rest(data, transformer_ckpt, tmp_path):
+    text = tmp_path / "input.txt"
+    text.write_bytes(b"a b c\nthe caf\xe9 dog\nd e f\n")
+    proc = run_split([str(BIN / "fairseq-interactive"), str(data / "bin"), "--user-dir", "fairseq_plugins",
+                      "--path", str(transformer_ckpt), "--cpu", "--beam", "2", "--bpe", "sentencepiece",
+                      "--sentencepiece-model", str(data / "spm.model"), "--input", str(text)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"{text} line 2: not UTF-8 (byte 0xe9 at offset 7): line skipped" in proc.stderr
+    assert sum(line.startswith("H-") for line in proc.stdout.splitlines()) == 2, proc.stdout
+
+
+# -- a plugin architecture without --user-dir ---------------------------------------------------------------
+
+
+def test_train_without_user_dir_names_it(data, tmp_path):
+    cmd = [a for a in train_cmd(data, tmp_path / "save", "rope_transformer_tiny") if a not in ("--user-dir", "fairseq_plugins")]
+    proc = run_split(cmd)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "fairseq-train: error: argument --arch/-a: 'rope_transformer_tiny' is not a fairseq architecture, and no "
+        "--user-dir was given: a plugin's architecture needs its package (--user-dir fairseq_plugins for the "
+        "position-scheme architectures)"]
+
+
+MISSING = ("ValueError: unknown model architecture 'rope_transformer_tiny' (--arch, or the checkpoint's): a plugin's "
+           "architecture needs its package loaded first: --user-dir fairseq_plugins on the command line for the "
+           "position-scheme architectures, or `import fairseq_plugins` before from_pretrained")
+
+
+@pytest.fixture(scope="module")
+def rope_ckpt(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory, "rope_transformer_tiny")
+
+
+def test_generate_without_user_dir_names_it(data, rope_ckpt):
+    proc = run_split([str(BIN / "fairseq-generate"), str(data / "bin"), "--path", str(rope_ckpt), "--cpu",
+                      "--beam", "2"])
+    assert last_line(proc) == MISSING
+    assert "IndexError" not in proc.stderr
+
+
+def test_hub_without_import_names_it(data, rope_ckpt):
+    code = ("from fairseq.models.transformer import TransformerModel\n"
+            f"TransformerModel.from_pretrained({str(rope_ckpt.parent)!r}, checkpoint_file={rope_ckpt.name!r}, "
+            f"data_name_or_path={str(data / 'bin')!r})\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), text=True, capture_output=True)
+    assert last_line(proc) == MISSING
+
+
+# -- flags that would do nothing ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch,flags,message", [
+    ("rope_transformer_tiny", ["--t5-num-buckets", "64"],
+     "FlagError: --t5-num-buckets is a t5 flag, and this model's position schemes are rope (encoder) and rope "
+     "(decoder): it would do nothing"),
+    ("rope_transformer_tiny", ["--shape-max-shift", "10"],
+     "FlagError: --shape-max-shift is a shape flag, and this model's position schemes are rope (encoder) and rope "
+     "(decoder): it would do nothing"),
+    ("t5_transformer_tiny", ["--encoder-learned-pos"],
+     "FlagError: --encoder-learned-pos does nothing with the encoder's position scheme t5; for learned positions "
+     "use --encoder-position-scheme learned on position_transformer"),
+    ("nope_transformer_tiny", ["--decoder-learned-pos"],
+     "FlagError: --decoder-learned-pos does nothing with the decoder's position scheme nope; for learned positions "
+     "use --decoder-position-scheme learned on position_transformer"),
+    ("rope_transformer_tiny", ["--position-scheme", "alibi"],
+     "FlagError: --position-scheme alibi contradicts --arch rope_transformer*: use alibi_transformer* or "
+     "position_transformer --position-scheme alibi"),
+], ids=["t5-flag-on-rope", "shape-flag-on-rope", "learned-pos-on-t5", "learned-pos-on-nope", "scheme-vs-arch"])
+def test_train_refuses_flags_that_would_do_nothing(data, tmp_path, arch, flags, message):
+    save = tmp_path / "save"
+    proc = run_split(train_cmd(data, save, arch, *flags))
+    assert proc.returncode != 0
+    assert last_line(proc) == message
+    assert_no_traceback(proc)
+    assert not save.exists() or not list(save.glob("*.pt"))
+
+
+def test_position_transformer_says_what_it_builds(caplog):
+    from helpers.tiny_models import build_with_args
+
+    build_with_args("position_transformer", position_scheme="rope")
+    assert ("--arch position_transformer builds fairseq's transformer (base) dims, 6+6 layers of 512, with rope "
+            "(encoder) and rope (decoder) positions") in caplog.text

@@ -146,7 +146,7 @@ def test_zero_flow_equals_fairseq_transformer(mode, layers):
     for flow in flows(fl):
         flow.dynamics.zero_output_()
     missing, unexpected = tr.load_state_dict(fl.state_dict(), strict=False)
-    assert not missing and all("floater" in k for k in unexpected)
+    assert not missing and all("floater" in k or k == "position_record" for k in unexpected)  # its own record
     fl, tr = fl.double(), tr.double()
     getattr(fl, mode)()
     getattr(tr, mode)()

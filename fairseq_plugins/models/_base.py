@@ -1,19 +1,62 @@
 """What the plugin model families share, around fairseq's TransformerModel: their flags after fairseq's, their
 defaults and checks before fairseq builds, their encoder and decoder classes, and a one-line refusal of
-torch.jit.script (fairseq's ``__prepare_scriptable__`` hook) instead of TorchScript's compile error deep inside."""
+torch.jit.script (fairseq's ``__prepare_scriptable__`` hook) instead of TorchScript's compile error deep inside.
+
+Each model also records its architecture and position schemes in its state dict (``position_record``), so that
+a checkpoint refuses, in one line naming both, to load into a model of another scheme: schemes without
+parameters of their own (RoPE, ALiBi, NoPE, sinusoidal) have identical state dicts, which nothing else tells
+apart."""
+import logging
+import sys
+
+import torch
 from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.modules import SinusoidalPositionalEmbedding
 
 from ._config import as_namespace
+
+logger = logging.getLogger(__name__)
+
+RECORD = "position_record"
+RECORD_BYTES = 128  # fixed: a shape that differed with the text would read as an architecture mismatch
+
+
+def encode_record(text):
+    data = text.encode()[:RECORD_BYTES]
+    return torch.tensor(list(data) + [0] * (RECORD_BYTES - len(data)), dtype=torch.uint8)
+
+
+def decode_record(tensor):
+    """'arch encoder_scheme decoder_scheme' from a record tensor (any dtype: averaging may have made it float)."""
+    return bytes(int(b) for b in tensor.round().to(torch.uint8).tolist() if b).decode(errors="replace")
+
+
+class SchemeMismatch(ValueError):
+    one_line = True  # fairseq_plugins' excepthook prints the message alone
+
+
+def _stack_limit(stack):
+    table = getattr(stack, "embed_positions", None)
+    return None if table is None or isinstance(table, SinusoidalPositionalEmbedding) else stack.max_positions()
 
 
 class PluginTransformerModel(TransformerModel):
     encoder_class = decoder_class = None  # TransformerEncoderBase / TransformerDecoderBase subclasses
     not_scriptable = ""  # why torch.jit.script cannot export the family, for its one-line error
+    scheme = None  # the family's position scheme (position_schemes.SCHEMES), both stacks
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        self.register_buffer(RECORD, encode_record(" ".join((self.arch_name(), *self.position_schemes()))))
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
         cls.add_family_args(parser)
+        parser.add_argument("--allow-scheme-change", action="store_true",
+                            help="load a checkpoint of another position scheme into this model (--restore-file, "
+                                 "--finetune-from-model; refused without it, since a model does not carry over "
+                                 "between schemes; scripts/transformer_to_floater.py is the supported warm start)")
 
     @classmethod
     def add_family_args(cls, parser):
@@ -47,6 +90,50 @@ class PluginTransformerModel(TransformerModel):
 
     def family_name(self):
         return self.__class__.family
+
+    def max_positions(self):
+        """(source, target) lengths the model can take: None for a stack with no length limit, so that the
+        task's --max-source-positions/--max-target-positions (at training and at decoding alike) decide alone.
+        fairseq's own encoder reports its stored max_source_positions, a training setting that a decode-time flag
+        cannot raise; only a learned table has rows to run out of (sinusoidal tables, SHAPE's included, grow on
+        demand; relative, score-bias, rotary and ODE positions have no table)."""
+        return _stack_limit(self.encoder), _stack_limit(self.decoder)
+
+    def max_decoder_positions(self):
+        limit = _stack_limit(self.decoder)
+        return sys.maxsize if limit is None else limit
+
+    def arch_name(self):
+        return getattr(self.args, "arch", None) or self.family_name()
+
+    def position_schemes(self):
+        """(encoder scheme, decoder scheme), as the table names them."""
+        return self.scheme, self.scheme
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """fairseq's strict loads (fairseq-train --restore-file/--finetune-from-model, fairseq-generate --path,
+        the hub) refuse a checkpoint whose record names other position schemes, in one line naming both, unless
+        --allow-scheme-change. A checkpoint written before records were kept loads as it did (its scheme is only
+        what its tensors show, checked by the strict load); from then on it carries this model's record. A
+        non-strict load (the warm-start converter's) is a partial load by intent and is not checked."""
+        mine = decode_record(getattr(self, RECORD))
+        theirs = state_dict.get(RECORD)
+        if theirs is None:
+            logger.info(f"the checkpoint has no position-scheme record (written before records were kept): "
+                        f"loaded as {mine}")
+        elif strict:
+            t_arch, *t_schemes = decode_record(theirs).split()
+            m_arch, *m_schemes = mine.split()
+            if t_schemes != m_schemes and not getattr(self.args, "allow_scheme_change", False):
+                raise SchemeMismatch(
+                    f"the checkpoint holds a {t_arch} model (position schemes: encoder {t_schemes[0]}, decoder "
+                    f"{t_schemes[-1]}) and this model is {m_arch} (encoder {m_schemes[0]}, decoder "
+                    f"{m_schemes[-1]}): a model does not carry over between position schemes; use the same "
+                    "--arch, or pass --allow-scheme-change to load it anyway")
+        # this model's record replaces the checkpoint's (or its absence), in place as fairseq's upgrades are made,
+        # so that fairseq's report of other differences does not name the record
+        state_dict[RECORD] = getattr(self, RECORD).clone()
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def __prepare_scriptable__(self):
         # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside

@@ -126,6 +126,7 @@ class FloaterTransformerModel(PluginTransformerModel):
     """Transformer whose attention q/k/v biases follow a learned ODE along positions (FLOATER)."""
 
     family = "floater_transformer"
+    scheme = "floater"
     not_scriptable = "its position biases come from an ODE solve bound to the attention in Python"
 
     @classmethod

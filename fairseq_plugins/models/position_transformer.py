@@ -14,6 +14,8 @@ Architectures: ``<scheme>_transformer`` (fairseq's ``transformer`` dims), ``_wmt
 ``NEW_SCHEMES``; any other combination through the flags on ``position_transformer``.
 """
 
+import logging
+
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerDecoderBase,
@@ -30,8 +32,9 @@ from ._base import PluginTransformerModel
 from ._config import OneLineFlag, add_attention_backend_arg, at_least, one_of, positive
 from .relative_transformer import _wrap_layer
 from ..modules.fused_attention import check_backend
-from ..modules.position_schemes import NEW_SCHEMES, SCHEMES
+from ..modules.position_schemes import NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES
 
+logger = logging.getLogger(__name__)
 STACK_SCHEMES = {n: s for n, s in SCHEMES.items() if s.selectable}  # what --position-scheme can name
 from ..modules.positional_attention import PositionalSelfAttention
 from ..modules.shape_positions import ShapePositionalEmbedding
@@ -67,6 +70,34 @@ def add_position_args(parser):
                         help="SHAPE: the offset of every sequence at validation and test (default K, as the "
                              "authors' code)")
     add_attention_backend_arg(parser)
+
+
+class FlagError(ValueError):
+    one_line = True  # fairseq_plugins' excepthook prints the message alone
+
+
+# The schemes' own flags: (flag, attribute, default, the scheme it acts on). A flag given to a model none of whose
+# stacks uses its scheme would do nothing, so it is refused. Only values other than the default are refused: a
+# checkpoint's stored arguments hold every flag filled with its default, whatever its scheme.
+SCHEME_FLAGS = (("--t5-num-buckets", "t5_num_buckets", 32, "t5"), ("--t5-max-distance", "t5_max_distance", 128, "t5"),
+                ("--t5-bias-init", "t5_bias_init", "glorot", "t5"), ("--rope-base", "rope_base", 10000.0, "rope"),
+                ("--shape-max-shift", "shape_max_shift", 100, "shape"),
+                ("--shape-eval-offset", "shape_eval_offset", 100, "shape"))
+
+
+def check_flags_act(args, encoder, decoder):
+    """FlagError (one line) for a flag this model would ignore: another scheme's flag, or fairseq's
+    --encoder/decoder-learned-pos on a stack whose scheme sets its own positions."""
+    used = {encoder.name, decoder.name}
+    for flag, name, default, scheme in SCHEME_FLAGS:
+        value = getattr(args, name, None)
+        if scheme not in used and value is not None and value != default:
+            raise FlagError(f"{flag} is a {scheme} flag, and this model's position schemes are {encoder.name} "
+                            f"(encoder) and {decoder.name} (decoder): it would do nothing")
+    for side, scheme in (("encoder", encoder), ("decoder", decoder)):
+        if getattr(args, f"{side}_learned_pos", False) and scheme.embedding != "learned":
+            raise FlagError(f"--{side}-learned-pos does nothing with the {side}'s position scheme {scheme.name}; "
+                            f"for learned positions use --{side}-position-scheme learned on position_transformer")
 
 
 def stack_schemes(args):
@@ -168,7 +199,13 @@ class PositionTransformerModel(PluginTransformerModel):
     @classmethod
     def prepare_args(cls, args):
         position_transformer(args)
-        stack_schemes(args)
+        encoder, decoder = stack_schemes(args)
+        check_flags_act(args, encoder, decoder)
+        if getattr(args, "arch", None) == POSITION_TRANSFORMER:  # fairseq's base dims: say so, once per build
+            logger.warning(f"--arch position_transformer builds fairseq's transformer (base) dims, "
+                           f"{args.encoder_layers}+{args.decoder_layers} layers of {args.encoder_embed_dim}, with "
+                           f"{encoder.name} (encoder) and {decoder.name} (decoder) positions; for another size use "
+                           "<scheme>_transformer_tiny, _wmt_en_de, _vaswani_wmt_en_de_big or _vaswani_wmt_en_fr_big")
         if args.cross_self_attention:
             raise ValueError("position_transformer does not support --cross-self-attention")
         check_backend(args.attention_backend, args.attention_dropout)
@@ -182,6 +219,9 @@ class PositionTransformerModel(PluginTransformerModel):
 
     def family_name(self):
         return f"{self.args.position_scheme}_transformer"
+
+    def position_schemes(self):
+        return tuple(s.name for s in stack_schemes(self.args))
 
 
 # architectures
@@ -207,7 +247,11 @@ def position_transformer(args):
 def _register(scheme):
     """<scheme>_transformer[_wmt_en_de|_vaswani_wmt_en_de_big|_vaswani_wmt_en_fr_big|_tiny]."""
     def pick(args):
-        args.position_scheme = getattr(args, "position_scheme", None) or scheme
+        given = getattr(args, "position_scheme", None)
+        if given not in (None, scheme):  # it would build another scheme under this scheme's name
+            raise FlagError(f"--position-scheme {given} contradicts --arch {scheme}_transformer*: use "
+                            f"{given}_transformer* or position_transformer --position-scheme {given}")
+        args.position_scheme = scheme
 
     for suffix, dims in (("", None), ("_wmt_en_de", transformer_wmt_en_de),
                          ("_vaswani_wmt_en_de_big", transformer_vaswani_wmt_en_de_big),

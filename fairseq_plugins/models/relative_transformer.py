@@ -103,6 +103,7 @@ class RelativeTransformerModel(PluginTransformerModel):
     (Shaw, Uszkoreit & Vaswani, NAACL 2018, https://arxiv.org/abs/1803.02155)."""
 
     family = "relative_transformer"
+    scheme = "shaw"
     not_scriptable = "its relative attention (a custom autograd function) is not TorchScript code"
 
     @classmethod

@@ -41,6 +41,7 @@ class TransformerEveryLayerPosModel(PluginTransformerModel):
     """Transformer whose absolute position encoding enters every block, not only the embedding."""
 
     family = "transformer_every_layer_pos"
+    scheme = "every_layer"
     not_scriptable = "its blocks take the position signal through a Python-side binding"
 
     @classmethod

@@ -31,8 +31,10 @@ for i in "${!specs[@]}"; do
   echo "== $arch${flags:+ $flags}: training (log: checkpoints/$exp/train.log)"
   mkdir -p "checkpoints/$exp"
   start=$(date +%s)
+  # a line per epoch with its validation loss; the whole log in train.log
   # shellcheck disable=SC2086
-  bash scripts/train_small.sh data/toy/bin "checkpoints/$exp" "$arch" $flags >> "checkpoints/$exp/train.log" 2>&1 ||
+  bash scripts/train_small.sh data/toy/bin "checkpoints/$exp" "$arch" $flags 2>&1 |
+    python scripts/epoch_progress.py "checkpoints/$exp/train.log" --prefix "   $arch " ||
     { tail -5 "checkpoints/$exp/train.log" >&2; exit 1; }
   echo "   trained in $(( $(date +%s) - start )) s"
   for subset in test test_long; do
