@@ -110,3 +110,26 @@ def test_a_checkpoint_without_record_loads_as_before(rope_ckpt):
     del state["model"]["position_record"]
     (model,), _ = checkpoint_utils.load_model_ensemble([str(rope_ckpt)], state=state)
     assert torch.equal(model.position_record, load(rope_ckpt)["model"]["position_record"])
+
+
+
+def test_the_record_survives_fairseqs_own_checkpoint_averaging(rope_ckpt):
+    """fairseq's scripts/average_checkpoints.py (in fairseq's repository, not its package) sums each tensor over
+    the checkpoints in the tensor's own dtype, then divides floating-point ones and floor-divides the others. A
+    byte record overflowed there, and the averaged model then refused to load as its own scheme."""
+    import fairseq_plugins  # noqa: F401
+    from fairseq import checkpoint_utils
+    from fairseq_plugins.models._base import decode_record
+
+    state = load(rope_ckpt)
+    n = 5
+    averaged = {}
+    for k, v in state["model"].items():
+        total = v.clone()
+        for _ in range(n - 1):
+            total += v  # in v's dtype, as fairseq accumulates
+        averaged[k] = total.div_(n) if total.is_floating_point() else total // n
+    state["model"] = averaged
+    assert decode_record(averaged["position_record"]) == "rope_transformer_tiny rope rope"
+    (model,), _ = checkpoint_utils.load_model_ensemble([str(rope_ckpt)], state=state)
+    assert model.position_schemes() == ("rope", "rope")

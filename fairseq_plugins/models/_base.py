@@ -19,11 +19,14 @@ logger = logging.getLogger(__name__)
 
 RECORD = "position_record"
 RECORD_BYTES = 128  # fixed: a shape that differed with the text would read as an architecture mismatch
+# int64, not uint8: fairseq's own scripts/average_checkpoints.py sums integer tensors in their dtype and then
+# floor-divides, which overflows bytes and is exact for int64; fp16 and bf16 casts leave integer buffers alone
+RECORD_DTYPE = torch.int64
 
 
 def encode_record(text):
     data = text.encode()[:RECORD_BYTES]
-    return torch.tensor(list(data) + [0] * (RECORD_BYTES - len(data)), dtype=torch.uint8)
+    return torch.tensor(list(data) + [0] * (RECORD_BYTES - len(data)), dtype=RECORD_DTYPE)
 
 
 def decode_record(tensor):
