@@ -1,6 +1,6 @@
 """The fast tier (pytest -m "not slow") runs the diagonal of each matrix test: every model and every precision
 mode once each, in as many cases as the longer axis has values; make test runs the whole product. The fast tier
-is clocked: under make test-fast a test not marked slow that takes over TIER_MAX_SECONDS fails the run."""
+is clocked: under make test-fast a test not marked slow that uses over TIER_MAX_SECONDS CPU seconds fails the run."""
 import os
 import subprocess
 import sys
@@ -37,23 +37,29 @@ import time
 import pytest
 
 
+def busy(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
 def test_quick():
-    pass
+    time.sleep(1)  # wall time, no CPU: the clock counts CPU seconds
 
 
-def test_sleepy():
-    time.sleep(1)
+def test_busy():
+    busy(1)
 
 
 @pytest.mark.slow
-def test_sleepy_but_marked():
-    time.sleep(1)
+def test_busy_but_marked():
+    busy(1)
 '''
 
 
 def clocked(tmp_path, *args, bound=None):
-    """pytest with the tier clock (tests/helpers/tier_clock.py) on a file of three tests: one quick, one of 1 s,
-    one of 1 s marked slow; TIER_MAX_SECONDS=bound where given."""
+    """pytest with the tier clock (tests/helpers/tier_clock.py) on a file of three tests: one that sleeps 1 s, one
+    that computes for 1 CPU s, one that does too but is marked slow; TIER_MAX_SECONDS=bound where given."""
     (tmp_path / "test_three.py").write_text(SLOW_AND_FAST)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
     env = {k: v for k, v in os.environ.items() if k != "TIER_MAX_SECONDS"}
@@ -65,11 +71,11 @@ def clocked(tmp_path, *args, bound=None):
 
 
 def test_the_tier_clock_fails_a_fast_test_over_the_bound_and_lists_it(tmp_path):
-    # 1 s against 0.5 s: far from the bound either way (a `pass` does not take 0.5 s on any machine)
+    # 1 CPU s against 0.5: far from the bound either way (a sleep uses next to no CPU, on any machine)
     proc = clocked(tmp_path, bound=0.5)
     assert proc.returncode == 1, proc.stdout
-    listed = proc.stdout.split("tests not marked slow over TIER_MAX_SECONDS=0.5 s", 1)[1].splitlines()
-    assert [line.split()[-1] for line in listed if " s  " in line] == ["test_three.py::test_sleepy"]
+    listed = proc.stdout.split("tests not marked slow over TIER_MAX_SECONDS=0.5 CPU s", 1)[1].splitlines()
+    assert [line.split()[-1] for line in listed if " s  " in line] == ["test_three.py::test_busy"]
     assert "3 passed" in proc.stdout
 
 
@@ -81,7 +87,7 @@ def test_the_tier_clock_only_records_without_its_variable_and_passes_tests_withi
 def test_the_tier_clock_works_under_workers(tmp_path):
     """With pytest-xdist the controller checks what every worker reports (as make test-fast runs it)."""
     proc = clocked(tmp_path, "-n", "2", bound=0.5)
-    assert proc.returncode == 1 and "test_three.py::test_sleepy\n" in proc.stdout, proc.stdout
+    assert proc.returncode == 1 and "test_three.py::test_busy\n" in proc.stdout, proc.stdout
 
 
 def test_make_runs_both_tiers_on_workers_with_durations_and_the_fast_one_clocked():

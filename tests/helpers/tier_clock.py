@@ -1,30 +1,56 @@
 """The fast tier's clock: with TIER_MAX_SECONDS set (`make test-fast` sets it), a test not marked slow whose set-up,
-call and tear-down together took longer than that fails the run, and the run lists each such test with its time.
+call and tear-down together used more CPU seconds than that fails the run, and the run lists each such test with
+its CPU and wall seconds.
 
-A test's own time includes the fixtures it is the first to ask for (a module's shared model, the small corpus):
-what it would cost run alone. Only enforced where the variable is set, with a bound well above the few seconds a
-fast test takes on an idle machine, so that a loaded machine does not fail the suite; `pytest` alone only records.
-Under pytest-xdist the controller sees every worker's reports and does the check (the workers' own copies of this
-plugin leave it to it)."""
+CPU seconds, not wall seconds: what the test's process and every process it started and waited for used (user +
+system), which a loaded machine does not inflate as it inflates the wall clock; on an idle machine a test that
+runs one thread at a time (make test's workers do) takes about as many wall seconds. A test's own time includes
+the fixtures it is the first to ask for (a module's shared model, the small corpus): what it would cost run
+alone. `pytest` without the variable only records. Under pytest-xdist each worker measures its tests and the
+controller, which sees every worker's reports, does the check."""
 import os
+import resource
 
 import pytest
 
 VARIABLE = "TIER_MAX_SECONDS"
+KEY = "cpu_seconds"
+START = pytest.StashKey[float]()
+
+
+def cpu_seconds():
+    """User + system seconds of this process and of its children that have been waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    item.stash[START] = cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield
+    # user_properties travel with the teardown report (also from an xdist worker to the controller)
+    item.user_properties.append((KEY, cpu_seconds() - item.stash[START]))
+
 
 
 class TierClock:
     def __init__(self, bound):
-        self.bound, self.seconds, self.slow = bound, {}, set()
+        self.bound, self.wall, self.cpu, self.slow = bound, {}, {}, set()
 
     def pytest_runtest_logreport(self, report):
-        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        self.wall[report.nodeid] = self.wall.get(report.nodeid, 0.0) + report.duration
+        if report.when == "teardown":
+            self.cpu[report.nodeid] = dict(report.user_properties).get(KEY, 0.0)
         if "slow" in report.keywords:
             self.slow.add(report.nodeid)
 
     def offenders(self):
-        return sorted(((s, n) for n, s in self.seconds.items() if n not in self.slow and s > self.bound),
-                      reverse=True)
+        return sorted(((s, n) for n, s in self.cpu.items() if n not in self.slow and s > self.bound), reverse=True)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session):
@@ -34,9 +60,9 @@ class TierClock:
     def pytest_terminal_summary(self, terminalreporter):
         offenders = self.offenders()
         if offenders:
-            terminalreporter.section(f"tests not marked slow over {VARIABLE}={self.bound:g} s", red=True)
+            terminalreporter.section(f"tests not marked slow over {VARIABLE}={self.bound:g} CPU s", red=True)
             for seconds, nodeid in offenders:
-                terminalreporter.write_line(f"{seconds:7.1f} s  {nodeid}")
+                terminalreporter.write_line(f"{seconds:7.1f} CPU s {self.wall[nodeid]:7.1f} s  {nodeid}")
             terminalreporter.write_line("mark each @pytest.mark.slow, or make it faster")
 
 
