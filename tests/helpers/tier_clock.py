@@ -58,6 +58,11 @@ class TierClock:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter):
+        # the tiers' CPU seconds: on an idle machine, make test's two one-thread workers take about half of each
+        fast = [s for n, s in self.cpu.items() if n not in self.slow]
+        slow = [s for n, s in self.cpu.items() if n in self.slow]
+        terminalreporter.write_line(f"CPU seconds: {sum(fast):.0f} in {len(fast)} tests not marked slow, "
+                                    f"{sum(slow):.0f} in {len(slow)} slow ones")
         offenders = self.offenders()
         if offenders:
             terminalreporter.section(f"tests not marked slow over {VARIABLE}={self.bound:g} CPU s", red=True)
