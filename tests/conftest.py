@@ -150,26 +150,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(module))
         elif "toy_models" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(toy_group(item)))
-    if WORKER or config.getoption("numprocesses", None):
-        # the trained models' groups first, the longest training first: under loadgroup each worker takes a
-        # group as a whole, so the two longest trainings start at once on the two workers and the short tests
-        # fill in around them
-        items.sort(key=lambda item: TOY_ORDER.index(toy_arch(item)) if toy_arch(item) else len(TOY_ORDER))
-
-
-# The toy models' trainings by length (test_hub's timings): tests that use toy_models are grouped by the arch they
-# use (`arch` parameter; tests without one use the transformer, and may wait for another group's model).
-TOY_ORDER = ["floater_transformer_tiny", "relative_transformer_tiny", "transformer_tiny",
-             "transformer_every_layer_pos_tiny"]
-
-
-def toy_arch(item):
-    if "toy_models" not in getattr(item, "fixturenames", ()):
-        return None
-    callspec = getattr(item, "callspec", None)
-    arch = callspec.params.get("arch") if callspec else None
-    return arch if arch in TOY_ORDER else "transformer_tiny"
 
 
 def toy_group(item):
-    return "toy_models_" + toy_arch(item)
+    """The tests of the toy task's trained models in two groups that never wait for each other's training: FLOATER's
+    (the longest training, by itself) and the rest's (transformer, relative, every-layer: the learning test that
+    compares two of them needs only its own group's models). Under loadgroup each group runs on one worker, larger
+    groups first, so both trainings start early on the two workers; a worker waits for no other's model."""
+    callspec = getattr(item, "callspec", None)
+    arch = callspec.params.get("arch") if callspec else None
+    return "toy_models_floater" if arch == "floater_transformer_tiny" else "toy_models"
