@@ -140,6 +140,9 @@ def on_the_diagonal(item):
     return all(index[name] == index[longest] % size for name, size in sizes.items())
 
 
+# tryfirst: before pytest-xdist's own hook, which reads the xdist_group marks added here (its plugin registers
+# after this file, and later plugins' hooks run first)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
