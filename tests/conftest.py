@@ -1,6 +1,9 @@
-"""Shared fixtures: the toy task prepared once per session, and tiny models trained once per session."""
+"""Shared fixtures: the toy task prepared once per run, and tiny models trained once per run (shared by the
+pytest-xdist workers of `make test`: the first to ask builds, the others wait for it and reuse what it built)."""
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +24,15 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 BIN = Path(sys.executable).parent  # the venv's bin: fairseq-train & co.
 # Training budget for the "learns the toy task" tests and fixtures: same for every arch.
 TOY_EPOCHS = int(os.environ.get("TOY_EPOCHS", "12"))
+# Set in each pytest-xdist worker (gw0, gw1, ...): `make test` runs one worker per core.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    # Workers side by side: one intra-op thread each, for the worker's own torch (read when torch is first
+    # imported, after this file) and every process it starts (env() below), so that two workers never ask for
+    # more threads than there are cores. Tests that need a thread count set their own.
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+pytest_plugins = ["helpers.tier_clock"]
 
 
 def env():
@@ -28,6 +40,29 @@ def env():
     e["PATH"] = f"{BIN}{os.pathsep}{e.get('PATH', '')}"
     e.setdefault("OMP_NUM_THREADS", "2")
     return e
+
+
+def shared_root(tmp_path_factory):
+    """The folder that every worker of this run sees: under pytest-xdist the parent of each worker's basetemp
+    (one per run), else this session's basetemp."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if WORKER else base
+
+
+def built_once(tmp_path_factory, name, build):
+    """shared_root()/name, filled by build(folder) once per run. A worker that asks while another builds it waits
+    on the lock, then reuses it. The .done marker is written last: a build that failed half-way is redone, never
+    reused."""
+    root = shared_root(tmp_path_factory)
+    out, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when build fails
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            build(out)
+            done.touch()
+    return out
 
 
 def run(cmd, check=True, env_extra=None, **kw):
@@ -43,43 +78,40 @@ def run(cmd, check=True, env_extra=None, **kw):
 
 @pytest.fixture(scope="session")
 def toy_data(tmp_path_factory):
-    """The embedded toy task (default sizes), sentencepiece-encoded and binarized."""
-    out = tmp_path_factory.mktemp("toy")
-    run([sys.executable, "scripts/make_toy_data.py", "--out", str(out / "raw")])
-    run(["bash", "scripts/prepare_bitext.sh", str(out / "raw"), str(out), "src", "tgt", "400", "test_long"])
-    return out
+    """The embedded toy task (default sizes), sentencepiece-encoded and binarized, once per run."""
+    def build(out):
+        run([sys.executable, "scripts/make_toy_data.py", "--out", str(out / "raw")])
+        run(["bash", "scripts/prepare_bitext.sh", str(out / "raw"), str(out), "src", "tgt", "400", "test_long"])
+    return built_once(tmp_path_factory, "toy", build)
 
 
 class ToyModels:
-    """Trains each arch once per session with the demo recipe (scripts/train_small.sh), and evaluates each
-    checkpoint once per split with scripts/generate.sh."""
+    """Trains each arch once per run with the demo recipe (scripts/train_small.sh), and evaluates each
+    checkpoint once per split with scripts/generate.sh; the workers of a run share both."""
 
-    def __init__(self, data, root):
-        self.data, self.root, self.done, self.evals = data, root, {}, {}
+    def __init__(self, data, tmp_path_factory):
+        self.data, self.factory = data, tmp_path_factory
 
     def checkpoint(self, arch, *extra, epochs=TOY_EPOCHS):
-        key = (arch, epochs) + extra
-        if key not in self.done:
-            save = self.root / "_".join(str(a).strip("-").replace("-", "") for a in key)
-            run(["bash", "scripts/train_small.sh", str(self.data / "bin"), str(save), arch, *extra],
-                env_extra={"EPOCHS": str(epochs)})
-            self.done[key] = save / "checkpoint_best.pt"
-        return self.done[key]
+        name = "toy_models/" + "_".join(str(a).strip("-").replace("-", "") for a in (arch, epochs) + extra)
+        (shared_root(self.factory) / "toy_models").mkdir(exist_ok=True)
+        save = built_once(self.factory, name, lambda save: run(
+            ["bash", "scripts/train_small.sh", str(self.data / "bin"), str(save), arch, *extra],
+            env_extra={"EPOCHS": str(epochs)}))
+        return save / "checkpoint_best.pt"
 
     def evaluate(self, checkpoint, subset="test"):
         """(result JSON, detokenized hypotheses) of beam-4 generation on a toy split."""
-        key = (checkpoint, subset)
-        if key not in self.evals:
-            out = checkpoint.parent / f"{subset}.json"
-            run(["bash", "scripts/generate.sh", str(self.data), str(checkpoint), subset, str(out)])
-            hyps = out.with_suffix(".hyp").read_text(encoding="utf-8").splitlines()
-            self.evals[key] = (json.loads(out.read_text()), hyps)
-        return self.evals[key]
+        name = f"{checkpoint.parent.relative_to(shared_root(self.factory))}/{subset}"
+        out = built_once(self.factory, name, lambda out: run(
+            ["bash", "scripts/generate.sh", str(self.data), str(checkpoint), subset, str(out / "result.json")]))
+        hyps = (out / "result.hyp").read_text(encoding="utf-8").splitlines()
+        return json.loads((out / "result.json").read_text()), hyps
 
 
 @pytest.fixture(scope="session")
 def toy_models(toy_data, tmp_path_factory):
-    return ToyModels(toy_data, tmp_path_factory.mktemp("toy_models"))
+    return ToyModels(toy_data, tmp_path_factory)
 
 
 # Test tiers: `slow` marks what trains models end to end or runs a pipeline for minutes (the toy task's trained
@@ -92,8 +124,6 @@ SLOW_MODULES = {"test_pipeline", "test_learning", "test_hub", "test_multi30k_stu
                 "test_gpu_check", "test_wmt_pipeline", "test_floater_reproducibility", "test_evaluate",
                 "test_prep_interrupt"}
 SLOW_FIXTURES = {"toy_models", "toy_data"}
-
-
 PARAM = type(pytest.param(None))
 
 
@@ -117,3 +147,4 @@ def pytest_collection_modifyitems(config, items):
         if (module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
                 or (item.get_closest_marker("matrix") and not on_the_diagonal(item))):
             item.add_marker(pytest.mark.slow)
+

@@ -1,10 +1,15 @@
 """The fast tier (pytest -m "not slow") runs the diagonal of each matrix test: every model and every precision
-mode once each, in as many cases as the longer axis has values; make test runs the whole product."""
+mode once each, in as many cases as the longer axis has values; make test runs the whole product. The fast tier
+is clocked: under make test-fast a test not marked slow that uses over TIER_MAX_SECONDS CPU seconds fails the run."""
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from helpers.precision_harness import MODELS, MODES
 
+TESTS = Path(__file__).resolve().parent
+MAKEFILE = TESTS.parent / "Makefile"
 TEST = "tests/test_precision.py::test_each_parameter_steps_with_its_own_gradient"
 
 
@@ -24,3 +29,75 @@ def test_the_fast_tier_runs_every_model_and_every_mode_once():
     assert len(fast) == max(len(MODELS), len(MODES))
     assert {m for m, _ in fast} == set(MODELS) and {mode for _, mode in fast} == set(MODES)
     assert len(pairs(collected())) == len(MODELS) * len(MODES)  # make test: the whole product
+
+
+SLOW_AND_FAST = '''
+import time
+
+import pytest
+
+
+def busy(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_quick():
+    time.sleep(1)  # wall time, no CPU: the clock counts CPU seconds
+
+
+def test_busy():
+    busy(1)
+
+
+@pytest.mark.slow
+def test_busy_but_marked():
+    busy(1)
+'''
+
+
+def clocked(tmp_path, *args, bound=None):
+    """pytest with the tier clock (tests/helpers/tier_clock.py) on a file of three tests: one that sleeps 1 s, one
+    that computes for 1 CPU s, one that does too but is marked slow; TIER_MAX_SECONDS=bound where given."""
+    (tmp_path / "test_three.py").write_text(SLOW_AND_FAST)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
+    env = {k: v for k, v in os.environ.items() if k != "TIER_MAX_SECONDS"}
+    if bound is not None:
+        env["TIER_MAX_SECONDS"] = str(bound)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "helpers.tier_clock", "-p", "no:cacheprovider",
+                           *args, "test_three.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+
+
+def test_the_tier_clock_fails_a_fast_test_over_the_bound_and_lists_it(tmp_path):
+    # 1 CPU s against 0.5: far from the bound either way (a sleep uses next to no CPU, on any machine)
+    proc = clocked(tmp_path, bound=0.5)
+    assert proc.returncode == 1, proc.stdout
+    listed = proc.stdout.split("tests not marked slow over TIER_MAX_SECONDS=0.5 CPU s", 1)[1].splitlines()
+    assert [line.split()[-1] for line in listed if " s  " in line] == ["test_three.py::test_busy"]
+    assert "3 passed" in proc.stdout
+
+
+def test_the_tier_clock_only_records_without_its_variable_and_passes_tests_within_it(tmp_path):
+    assert clocked(tmp_path).returncode == 0  # plain pytest: the bound is make test-fast's
+    assert clocked(tmp_path, bound=60).returncode == 0
+
+
+def test_the_tier_clock_works_under_workers(tmp_path):
+    """With pytest-xdist the controller checks what every worker reports (as make test-fast runs it)."""
+    proc = clocked(tmp_path, "-n", "2", bound=0.5)
+    assert proc.returncode == 1 and "test_three.py::test_busy\n" in proc.stdout, proc.stdout
+
+
+def test_make_runs_both_tiers_on_workers_with_durations_and_the_fast_one_clocked():
+    recipes = {}
+    for block in MAKEFILE.read_text().split("\n\n"):
+        for target in ("test", "test-fast"):
+            if block.startswith(f"{target}: "):
+                recipes[target] = block
+    variables = MAKEFILE.read_text().split("\ntest: ", 1)[0]
+    pytest_line = next(line for line in variables.splitlines() if line.startswith("PYTEST :="))
+    assert "-n $(JOBS)" in pytest_line and "--dist loadfile" in pytest_line and "--durations=" in pytest_line
+    assert "$(PYTEST)" in recipes["test"] and "TIER_MAX_SECONDS" not in recipes["test"]
+    assert "TIER_MAX_SECONDS=$(TIER_MAX_SECONDS) $(PYTEST) -m \"not slow\"" in recipes["test-fast"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from conftest import BIN, REPO, env, run
+from conftest import BIN, REPO, built_once, env, run
 
 # make_toy_data.py sizes: ~600 pairs of 3-20 words -> ~40 updates of --max-tokens 512 per epoch.
 TOY_SIZES = ["--train", "600", "--valid", "40", "--test", "40", "--test-long", "8", "--seed", "7"]
@@ -30,12 +30,12 @@ def small_raw(root):
 
 
 def small_data(tmp_path_factory):
-    """The small toy corpus prepared by scripts/prepare_bitext.sh, once per session."""
+    """The small toy corpus prepared by scripts/prepare_bitext.sh, once per run (the workers share it)."""
     if "data" not in _CACHE:
-        out = tmp_path_factory.mktemp("small_toy")
-        small_raw(out / "raw")
-        run1(["bash", "scripts/prepare_bitext.sh", str(out / "raw"), str(out), "src", "tgt", VOCAB])
-        _CACHE["data"] = out
+        def build(out):
+            small_raw(out / "raw")
+            run1(["bash", "scripts/prepare_bitext.sh", str(out / "raw"), str(out), "src", "tgt", VOCAB])
+        _CACHE["data"] = built_once(tmp_path_factory, "small_toy", build)
     return _CACHE["data"]
 
 
@@ -150,8 +150,9 @@ def tiny_checkpoint(tmp_path_factory, arch, *extra):
     """checkpoint_last.pt of a 2-update run of arch on the small corpus, once per session and arch."""
     key = ("checkpoint", arch, *extra)
     if key not in _CACHE:
-        save = tmp_path_factory.mktemp("ckpt_" + arch)
-        run1(train_cmd(small_data(tmp_path_factory), save, arch, *extra, max_update=2))
+        data = small_data(tmp_path_factory)
+        name = "ckpt_" + "_".join(str(a).strip("-").replace("-", "") for a in (arch, *extra))
+        save = built_once(tmp_path_factory, name, lambda save: run1(train_cmd(data, save, arch, *extra, max_update=2)))
         _CACHE[key] = save / "checkpoint_last.pt"
     return _CACHE[key]
 
