@@ -488,8 +488,6 @@ def precision_rows(rows):
 # -- d. the benchmark -----------------------------------------------------------------------------------------
 
 def section_bench(ctx, rows):
-    import bench as bench_cli  # scripts/bench.py, beside this file
-
     out_json, out_md = ctx.out_dir / "gpu_check_bench.json", ctx.out_dir / "gpu_check_bench.md"
     args = ["--device", ctx.device, "--notes", "", "--out-json", str(out_json), "--out-md", str(out_md)]
     if ctx.dry_run:
@@ -499,6 +497,14 @@ def section_bench(ctx, rows):
     else:
         args += ["--lengths", "64,256", "--models", "relative,floater,floater_graph", "--reps", "5",
                  "--decode-reps", "2", "--memory-reps", "1", "--memory-workers", "4"]
+    run_bench(rows, args, out_json, out_md, decode_ratio="decode_ratio", graph_buckets="graph_buckets")
+
+
+def run_bench(rows, args, out_json, out_md, **extra):
+    """scripts/bench.py with args in this process; a "bench" row with its command and a "ratio" row per model and
+    length (extra: row field = bench.py's key, beside the ratios both sections report)."""
+    import bench as bench_cli  # scripts/bench.py, beside this file
+
     command = ["scripts/bench.py", *(relative(a) if a.startswith("/") else a for a in args)]
     argv, sys.argv = sys.argv, command  # bench.py records its command line: this one, without a machine's paths
     try:
@@ -508,9 +514,9 @@ def section_bench(ctx, rows):
     rows.add("bench", command=" ".join(a or "''" for a in command), report=relative(out_md))
     for r in json.loads(out_json.read_text())["rows"]:
         rows.add("ratio", model=r["model"], length=r["length"], train_ratio=r.get("train_ratio"),
-                 decode_ratio=r.get("decode_ratio"), memory_ratio=r.get("memory_ratio"),
+                 memory_ratio=r.get("memory_ratio"),
                  train_ms=None if r.get("train_update_median_s") is None else r["train_update_median_s"] * 1e3,
-                 peak_mib=r.get("peak_memory_mib"), graph_buckets=r.get("graph_buckets"))
+                 peak_mib=r.get("peak_memory_mib"), **{field: r.get(key) for field, key in extra.items()})
 
 
 # -- e. fused attention --------------------------------------------------------------------------------------
@@ -518,8 +524,6 @@ def section_bench(ctx, rows):
 def section_fused(ctx, rows):
     """scripts/bench.py for Shaw's, T5's and ALiBi's attention on --attention-backend flex and on today's path,
     beside fairseq's Transformer: training update and peak memory (decoding steps keep today's path: not run)."""
-    import bench as bench_cli  # scripts/bench.py, beside this file
-
     out_json, out_md = ctx.out_dir / "gpu_check_fused.json", ctx.out_dir / "gpu_check_fused.md"
     models = ",".join(m for name in FUSED_MODELS for m in (name, f"{name}_flex"))
     args = ["--device", ctx.device, "--notes", "", "--out-json", str(out_json), "--out-md", str(out_md),
@@ -530,18 +534,7 @@ def section_fused(ctx, rows):
     else:  # the first update at each length compiles the kernels: the warm-up
         args += ["--lengths", "64,256,1024", "--reps", "3", "--warmup", "1", "--memory-reps", "1",
                  "--memory-workers", "4"]
-    command = ["scripts/bench.py", *(relative(a) if a.startswith("/") else a for a in args)]
-    argv, sys.argv = sys.argv, command
-    try:
-        bench_cli.main(args)
-    finally:
-        sys.argv = argv
-    rows.add("bench", command=" ".join(a or "''" for a in command), report=relative(out_md))
-    for r in json.loads(out_json.read_text())["rows"]:
-        rows.add("ratio", model=r["model"], length=r["length"], train_ratio=r.get("train_ratio"),
-                 memory_ratio=r.get("memory_ratio"),
-                 train_ms=None if r.get("train_update_median_s") is None else r["train_update_median_s"] * 1e3,
-                 peak_mib=r.get("peak_memory_mib"))
+    run_bench(rows, args, out_json, out_md)
 
 
 SECTION_FUNCTIONS = {"machine": section_machine, "floater_graph": section_floater_graph,
