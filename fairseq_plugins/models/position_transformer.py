@@ -79,10 +79,14 @@ class FlagError(ValueError):
 # The schemes' own flags: (flag, attribute, default, the scheme it acts on). A flag given to a model none of whose
 # stacks uses its scheme would do nothing, so it is refused. Only values other than the default are refused: a
 # checkpoint's stored arguments hold every flag filled with its default, whatever its scheme.
-SCHEME_FLAGS = (("--t5-num-buckets", "t5_num_buckets", 32, "t5"), ("--t5-max-distance", "t5_max_distance", 128, "t5"),
-                ("--t5-bias-init", "t5_bias_init", "glorot", "t5"), ("--rope-base", "rope_base", 10000.0, "rope"),
-                ("--shape-max-shift", "shape_max_shift", 100, "shape"),
-                ("--shape-eval-offset", "shape_eval_offset", 100, "shape"))
+# The defaults are position_transformer()'s (below); SHAPE's evaluation offset defaults to its K.
+SCHEME_DEFAULTS = {"t5_num_buckets": 32, "t5_max_distance": 128, "t5_bias_init": "glorot", "rope_base": 10000.0,
+                   "shape_max_shift": 100}
+SCHEME_DEFAULTS["shape_eval_offset"] = SCHEME_DEFAULTS["shape_max_shift"]
+SCHEME_FLAGS = tuple((flag, name, SCHEME_DEFAULTS[name], scheme) for flag, name, scheme in (
+    ("--t5-num-buckets", "t5_num_buckets", "t5"), ("--t5-max-distance", "t5_max_distance", "t5"),
+    ("--t5-bias-init", "t5_bias_init", "t5"), ("--rope-base", "rope_base", "rope"),
+    ("--shape-max-shift", "shape_max_shift", "shape"), ("--shape-eval-offset", "shape_eval_offset", "shape")))
 
 
 def check_flags_act(args, encoder, decoder):
@@ -232,13 +236,11 @@ def position_transformer(args):
     args.position_scheme = getattr(args, "position_scheme", None) or "sinusoidal"
     args.encoder_position_scheme = getattr(args, "encoder_position_scheme", None)
     args.decoder_position_scheme = getattr(args, "decoder_position_scheme", None)
-    args.t5_num_buckets = getattr(args, "t5_num_buckets", None) or 32
-    args.t5_max_distance = getattr(args, "t5_max_distance", None) or 128
-    args.t5_bias_init = getattr(args, "t5_bias_init", None) or "glorot"
-    args.rope_base = getattr(args, "rope_base", None) or 10000.0
+    for name in ("t5_num_buckets", "t5_max_distance", "t5_bias_init", "rope_base"):
+        setattr(args, name, getattr(args, name, None) or SCHEME_DEFAULTS[name])
     args.attention_backend = getattr(args, "attention_backend", None) or "sdpa"
     shift = getattr(args, "shape_max_shift", None)
-    args.shape_max_shift = 100 if shift is None else shift
+    args.shape_max_shift = SCHEME_DEFAULTS["shape_max_shift"] if shift is None else shift
     offset = getattr(args, "shape_eval_offset", None)
     args.shape_eval_offset = args.shape_max_shift if offset is None else offset
     base_architecture(args)
