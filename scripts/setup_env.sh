@@ -82,10 +82,20 @@ if [ ! -x "$VENV/bin/python" ]; then
   if [ -n "$SYS_TORCH" ]; then
     check_torch "$SYS_TORCH" "PYTHON=$PYTHON"  # before the venv exists: a refusal leaves nothing behind
     echo "setup: using the torch $SYS_TORCH already installed for $PYTHON"
-    "$PYTHON" -m venv --system-site-packages "$VENV"
+    # A Debian/Ubuntu Python without its venv package has no ensurepip: then a venv without pip of its own,
+    # which runs PYTHON's pip through the .pth below
+    if ! "$PYTHON" -m venv --system-site-packages "$VENV" > "$VENV.log" 2>&1; then
+      rm -rf "$VENV"
+      "$PYTHON" -m venv --system-site-packages --without-pip "$VENV" ||
+        { cat "$VENV.log" >&2; rm -rf "$VENV" "$VENV.log"; exit 1; }
+      echo "setup: $PYTHON has no ensurepip: $VENV uses its pip"
+    fi
+    rm -f "$VENV.log"
     # PYTHON's own packages (its venv's, if it is one: a nested venv sees only the base interpreter's)
     "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
       > "$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')/fairseq_plugins_base.pth"
+    "$VENV/bin/python" -m pip --version > /dev/null 2>&1 ||
+      { echo "setup_env.sh: PYTHON=$PYTHON has neither ensurepip nor pip: expected one of them" >&2; rm -rf "$VENV"; exit 1; }
   elif [ -n "${BUNDLE:-}" ]; then
     echo "setup_env.sh: BUNDLE=$BUNDLE carries no torch: expected a PYTHON with torch >= $TORCH_FLOOR installed" >&2
     exit 1

@@ -1,7 +1,8 @@
 """`make gpu-bundle` and the offline set-up it feeds, as on the lent GPU image: a Python whose own venv holds torch,
 numpy, Cython, sacrebleu, sentencepiece and torchdiffeq but no fairseq, hydra-core, omegaconf, antlr4 or bitarray,
-no package index, no network, CUDA_HOME set. `scripts/gpu_check.sh --dry-run` sets up from the bundle (a venv over
-that venv's torch, pip --no-index, fairseq's Cython parts built from the sdist there) and runs every section.
+no package index, no network, no ensurepip (an Ubuntu Python without python3-venv), CUDA_HOME set.
+`scripts/gpu_check.sh --dry-run` sets up from the bundle (a venv over that venv's torch, pip --no-index, fairseq's
+Cython parts built from the sdist there) and runs every section.
 
 The image is emulated here by a venv whose site-packages link to this project's venv's packages, less the bundle's;
 the bundle is made for this machine's Python (the GPU image's is 3.12: `make gpu-bundle` defaults to that)."""
@@ -69,15 +70,27 @@ def test_offline_setup_from_the_bundle_runs_the_gpu_check(tmp_path_factory, tmp_
                            capture_output=True, text=True, env=clean_env())
     assert probe.stdout.strip() == "no fairseq", probe.stderr  # the emulated image lacks what the bundle brings
 
+    # an Ubuntu Python without its venv package: `python -m venv` fails at ensurepip (leaving a venv without pip)
+    # unless told --without-pip
+    no_ensurepip = tmp_path / "image" / "bin" / "python-no-ensurepip"
+    no_ensurepip.write_text(f"""#!/usr/bin/env bash
+if [ "$1 $2" = "-m venv" ] && [[ " $* " != *" --without-pip "* ]]; then
+  "{image_python}" "$@" --without-pip
+  echo "The virtual environment was not created successfully because ensurepip is not available." >&2; exit 1
+fi
+exec "{image_python}" "$@"
+""")
+    no_ensurepip.chmod(0o755)
     venv, out = tmp_path / "venv", tmp_path / "out"
     started = time.time()
     proc = subprocess.run(
         [*no_network_prefix(), "bash", "scripts/gpu_check.sh", "--dry-run", "--out-dir", str(out),
          "--data", str(data / "bin")], cwd=REPO, capture_output=True, text=True, timeout=1500,
-        env=clean_env(PYTHON=str(image_python), VENV=str(venv), BUNDLE=str(bundle), CACHE=str(tmp_path / "cache"),
+        env=clean_env(PYTHON=str(no_ensurepip), VENV=str(venv), BUNDLE=str(bundle), CACHE=str(tmp_path / "cache"),
                       CUDA_HOME=str(tmp_path / "cuda"), PIP_NO_CACHE_DIR="1", PIP_NO_INDEX="1",
                       http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9", OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "has no ensurepip" in proc.stdout + proc.stderr  # the venv runs the image's pip instead
     print(f"offline set-up + dry run: {time.time() - started:.0f} s; " +
           next(line for line in proc.stderr.splitlines() if line.startswith("set-up from the bundle")))
     # fairseq was built from the sdist here (its Cython parts compiled), not taken from a cache
