@@ -1,26 +1,26 @@
 """What a machine with one GPU must show before anything GPU-only becomes a default: writes results/gpu_check.md.
 
 Made for a lease of 15 minutes of device time (machine start included, at most 10 minutes a command). The default
-call is at most 8 minutes of checks, ≤ 9.5 minutes with the ~90 s of the machine's set-up: five sections whose
-caps add up to 450 s, and preparing data/toy if it is missing (~10 s, capped at 30 s). ``--calibrate`` is a
+call is at most 8.5 minutes of checks, ≤ 9.6 minutes with the set-up (50 s on an H100): five sections whose
+caps add up to 510 s, and preparing data/toy if it is missing (~10 s, capped at 30 s). ``--calibrate`` is a
 second, optional call of at most 9 minutes. The sections, in priority order, each in its own process (this
 script with ``--section NAME``) that is killed, with everything it started, at its cap (``--cap NAME=SECONDS``):
 
 a. ``machine`` (20 s): GPU, driver, CUDA, torch, Python.
-b. ``floater_graph`` (80 s): FLOATER's CUDA-graph solve (``--floater-cuda-graph``) against its step-by-step
+b. ``floater_graph`` (70 s): FLOATER's CUDA-graph solve (``--floater-cuda-graph``) against its step-by-step
    loop: the solve's values and gradients at 21, 100 and 200 positions; fairseq's Trainer with --update-freq 3 in
    fp32, --amp, --fp16 and --bf16 (the gradient the optimizer steps with, graph vs loop, and the buckets
    captured); at base dims, training steps at T = 32, 64, 128, 256 longest-first and shortest-first (gradient and
    loss, graph vs loop; buckets captured) and what the graphs add to ``torch.cuda.memory_reserved()`` (their
    pools included) against the bound of ``GRAPH_MEMORY_MARGIN``.
-c. ``precision`` (120 s): every arch × --fp16 / --bf16 / --amp, 100 updates on the toy task: the final training
-   loss against fp32's, and decoding (beam 4) of the toy test set: hypotheses identical to fp32's, BLEU.
+c. ``precision`` (180 s): every arch × --fp16 / --bf16 / --amp, 100 updates on the toy task: the final training
+   loss against fp32's, and decoding (beam 4) of a fifth of the toy test set (100 sentences): hypotheses identical to fp32's, BLEU.
    ``--jobs`` runs at a time share the GPU (default one per CPU core), each training then decoding in one
    process, FLOATER's first.
-d. ``bench`` (80 s): scripts/bench.py --device cuda at T = 64 and 256: training update, decoding and peak memory
+d. ``bench`` (70 s): scripts/bench.py --device cuda at T = 64 and 256: training update, decoding and peak memory
    as ratios to fairseq's Transformer, for relative, FLOATER and FLOATER with --floater-cuda-graph
    (``floater_graph``); the full report is results/gpu_check_bench.md.
-e. ``fused`` (150 s): scripts/bench.py --device cuda at T = 64, 256 and 1024 for Shaw's, T5's and ALiBi's attention
+e. ``fused`` (170 s): scripts/bench.py --device cuda at T = 64, 256 and 1024 for Shaw's, T5's and ALiBi's attention
    on ``--attention-backend flex`` (FlexAttention, compiled: the first update of each length is the warm-up) and
    on today's path, beside fairseq's Transformer: training update and peak memory, with flex's goals (Shaw ≤ 1.10×,
    every score bias ≤ 1.05× the Transformer's update, peak memory ≤ 1.05×) in a table of their own: they decide
@@ -50,6 +50,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -65,17 +66,20 @@ from tooling.atomic import write_json, write_text
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "fairseq_plugins"
 MODES = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"], "amp": ["--amp"]}
+DECODE_SHARDS = 5  # section c decodes shard 0 of 5: on an H100, 16 jobs at a time took 70-80 s each with all 500
 TRAINER_MODES = {"fp32": [], "amp": ["--amp"], "fp16": ["--fp16", "--fp16-init-scale", "16"], "bf16": ["--bf16"]}
 
 # The sections in priority order: title and cap (seconds of wall time from the start of its process, imports
-# included). The caps add up to 450 s: with the toy data's preparation (DATA_CAP) and the ~90 s of a machine's
-# set-up, a default call stays within 9.5 minutes of a 15-minute lease (and under 10 minutes a command).
+# included). The caps add up to 510 s: with the toy data's preparation (DATA_CAP) and the set-up (50 s on an
+# H100 image), a default call stays within 9.6 minutes of a 15-minute lease (and under 10 minutes a command).
+# Sized from the first H100 run (results/gpu_check.md, gpu_check_rerun.md): b took 53 s, d 61 s, e 184 s (with
+# flex's recompiles), c 70-80 s a job with 16 side by side.
 SECTIONS = {
     "machine": ("a. Machine", 20),
-    "floater_graph": ("b. FLOATER's CUDA-graph solve against the loop", 80),
-    "precision": ("c. Every arch × precision on the toy task", 120),
-    "bench": ("d. Benchmark: FLOATER with and without CUDA graphs", 80),
-    "fused": ("e. Fused attention: Shaw, T5 and ALiBi on FlexAttention against today's path", 150),
+    "floater_graph": ("b. FLOATER's CUDA-graph solve against the loop", 70),
+    "precision": ("c. Every arch × precision on the toy task", 180),
+    "bench": ("d. Benchmark: FLOATER with and without CUDA graphs", 70),
+    "fused": ("e. Fused attention: Shaw, T5 and ALiBi on FlexAttention against today's path", 170),
 }
 # The dry run's caps: a small CPU machine shared with other work takes many times an H100's seconds (the dry run
 # itself is ~30 CPU-seconds, ~100 s of wall time on 2 cores under a load of 10; --calibrate --dry-run 2-6 minutes)
@@ -416,6 +420,7 @@ def train_and_decode(job):
              "--log-interval", "10", "--disable-validation", *MODES[mode], *cpu]
     gen = [str(data), "--user-dir", str(PLUGINS), "--path", str(save / "checkpoint_last.pt"), "--gen-subset", "test",
            "--beam", "4", "--batch-size", "64", "--max-len-a", "1.5", "--max-len-b", "10",  # toy targets: ~ sources
+           "--num-shards", str(DECODE_SHARDS), "--shard-id", "0",  # a fifth of the test set: 100 sentences
            "--remove-bpe", "sentencepiece", *cpu,
            *(["--fp16"] if mode == "fp16" else ["--bf16"] if mode == "bf16" else [])]
     proc = subprocess.run([sys.executable, "-c", JOB_CODE, json.dumps(train), json.dumps(gen)], capture_output=True,
@@ -442,8 +447,8 @@ def section_precision(ctx, rows):
     else:  # every scheme of the table at its tiny size, and FLOATER's graph path
         from fairseq_plugins.modules.position_schemes import MODELS as SCHEME_MODELS, arch_and_flags
 
-        archs = [" ".join(arch_and_flags(name)) for name in SCHEME_MODELS] + [
-            "floater_transformer_tiny --floater-cuda-graph"]
+        # FLOATER's graph path is section b's, in fairseq's Trainer in all four modes (decoding never takes it)
+        archs = [" ".join(arch_and_flags(name)) for name in SCHEME_MODELS]
         modes, updates = ["fp16", "bf16", "amp"], 100
     jobs = ctx.jobs or (2 if ctx.dry_run else os.cpu_count() or 1)
     rows.add("plan", archs=archs, modes=["fp32", *modes], updates=updates, jobs=jobs)
@@ -1095,6 +1100,14 @@ def main(argv=None):
     p.add_argument("--section", choices=tuple(SECTIONS), help=argparse.SUPPRESS)  # the child running one section
     p.add_argument("--rows-file", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    # the report's command: what was asked, less where files are (no machine's paths in results)
+    given, command_args = list(sys.argv[1:] if argv is None else argv), []
+    while given:
+        arg = given.pop(0)
+        if arg in ("--out-dir", "--data", "--multi30k"):
+            given = given[1:]
+        elif not arg.startswith(("--out-dir=", "--data=", "--multi30k=")):
+            command_args.append(arg)
     if args.section:
         return section_main(args)
     try:
@@ -1130,7 +1143,7 @@ def main(argv=None):
         return 2
     caps = {n: args.caps.get(n, DRY_CAPS[n] if args.dry_run else cap) for n, (_, cap) in SECTIONS.items()}
     report = {"dry_run": args.dry_run, "started": time.time(), "selected": selected, "caps": caps,
-              "command": "scripts/gpu_check.sh" + (" --dry-run" if args.dry_run else ""), "sections": {},
+              "command": " ".join(["scripts/gpu_check.sh", *map(shlex.quote, command_args)]), "sections": {},
               "verdicts": []}
     write_report(report, out_dir, "gpu_check")  # the header first: every section "not run yet"
     data = Path(args.data) if args.data else None

@@ -106,6 +106,8 @@ def test_a_failing_section_leaves_the_others_and_fails_the_run(data, tmp_path):
     assert "**Failed** after" in md and reason in md
     assert "python 3." in md and "| floater_graph | 32 |" in md  # the other sections' rows
     assert TITLES[2] not in md  # not asked for
+    # the command as asked (a rerun of some sections says so), without the machine's paths
+    assert "Command: `scripts/gpu_check.sh --dry-run --sections machine,floater_graph,bench`" in md
     failed = [v["check"] for v in report["verdicts"] if not v["passed"]]
     assert failed == [f"b. FLOATER's CUDA-graph solve against the loop: {reason}"]
     assert proc.stderr.strip().splitlines()[-1].startswith("FAILED: b. FLOATER's CUDA-graph solve")
