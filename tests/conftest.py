@@ -119,9 +119,10 @@ def toy_models(toy_data, tmp_path_factory):
 # `make test` runs everything. A module is slow as a whole, a test by its own mark or by the fixtures it asks for,
 # and a `matrix` test (every model x every precision mode, ...) is slow off its diagonal: the fast loop still
 # sees every model and every mode, once each.
-SLOW_MODULES = {"test_pipeline", "test_learning", "test_hub", "test_multi30k_study", "test_multi30k_smoke",
+SLOW_MODULES = {"test_pipeline", "test_learning", "test_hub", "test_multi30k_study", "test_multi30k_study_schemes",
+                "test_multi30k_study_train_short", "test_multi30k_smoke",
                 "test_resume", "test_distributed", "test_slurm", "test_launchers", "test_precision_decode",
-                "test_gpu_check", "test_wmt_pipeline", "test_floater_reproducibility", "test_evaluate",
+                "test_gpu_check", "test_gpu_check_calibrate", "test_wmt_pipeline", "test_floater_reproducibility", "test_evaluate",
                 "test_prep_interrupt"}
 SLOW_FIXTURES = {"toy_models", "toy_data"}
 PARAM = type(pytest.param(None))

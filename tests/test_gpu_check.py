@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import REPO, env
+from helpers.gpu_check_run import gpu_check, no_machine_paths
 from helpers.small_task import small_data
 
 TITLES = ["## a. Machine", "## b. FLOATER's CUDA-graph solve against the loop",
@@ -24,19 +25,6 @@ TITLES = ["## a. Machine", "## b. FLOATER's CUDA-graph solve against the loop",
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return small_data(tmp_path_factory)
-
-
-def gpu_check(*argv, extra_env=None, timeout=900):
-    return subprocess.run(["bash", "scripts/gpu_check.sh", *argv], cwd=REPO,
-                          env={**env(), "OMP_NUM_THREADS": "1", **(extra_env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def no_machine_paths(out, tmp_path):
-    for f in out.iterdir():  # no path of this machine in what gets committed
-        for path in (str(REPO), str(tmp_path), "/tmp/", "/home/"):
-            assert path not in f.read_text(), (f.name, path)
-    assert not list(out.glob(".*"))  # no temporary file left
 
 
 def test_dry_run_writes_every_section(data, tmp_path):
@@ -229,21 +217,3 @@ def test_without_a_gpu_it_refuses_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "scripts/gpu_check.sh: no CUDA device; use --dry-run to check the script on CPU"]
     assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.slow  # three models trained (one epoch of 200 sentences), averaged, decoded and scored by the recipe
-def test_calibrate_dry_run_reports_each_model(tmp_path):
-    """--calibrate --dry-run: scripts/recipes/multi30k_study.sh on CPU, three runs side by side, one row each with
-    its tokenized lowercased BLEU against the literature's 41.0."""
-    out = tmp_path / "out"
-    proc = gpu_check("--calibrate", "--dry-run", "--out-dir", str(out), timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((out / "gpu_check_calibrate.json").read_text())
-    md = (out / "gpu_check_calibrate.md").read_text()
-    assert [r["model"] for r in report["rows"]] == ["transformer", "relative", "floater"]
-    for r in report["rows"]:
-        assert r["status"] == "finished" and 0 <= r["bleu_tok_lc"] <= 100 and r["updates"] >= 1, r
-        assert r["delta"] == round(r["bleu_tok_lc"] - 41.0, 2)
-        assert f"| {r['model']} | finished | {r['bleu_tok_lc']:.2f} | {r['delta']:+.2f} |" in md
-    assert md.startswith("# GPU check, calibration — DRY RUN on CPU")
-    no_machine_paths(out, tmp_path)

@@ -16,35 +16,10 @@ import pytest
 import sacrebleu
 
 from conftest import REPO, run
+from helpers.study_corpus import MODELS, SEEDS, corpus, study  # noqa: F401  (corpus: a fixture)
 
 from tooling import bootstrap, study as study_tool
 from tooling.bleu import tokenized_bleu
-
-TINY = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 "
-        "--encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 --encoder-attention-heads 2 --decoder-attention-heads 2")
-MODELS = ("transformer", "floater_warm")
-SEEDS = (1, 2)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """The toy SVO -> SOV task in Multi30k's file layout (train / val / test_2016_flickr, .en / .de)."""
-    root = tmp_path_factory.mktemp("study_corpus")
-    run([sys.executable, "scripts/make_toy_data.py", "--out", str(root / "toy"), "--train", "400", "--valid", "40",
-         "--test", "60", "--test-long", "4", "--seed", "3"])
-    for split, name in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
-        for side, lang in (("src", "en"), ("tgt", "de")):
-            (root / f"{name}.{lang}").write_bytes((root / "toy" / f"{split}.{side}").read_bytes())
-    return root
-
-
-def study(corpus, work, check=True, **overrides):
-    env = {"MULTI30K_DIR": str(corpus), "DATA_DIR": str(work / "data"), "CKPT_ROOT": str(work / "ckpt"),
-           "OUT_DIR": str(work / "results"), "MODELS": " ".join(MODELS), "SEEDS": " ".join(map(str, SEEDS)),
-           "EPOCHS": "1", "WARMUP": "10", "FT_EPOCHS": "1", "FT_WARMUP": "5", "AVG": "1", "FT_AVG": "1",
-           "VOCAB": "200", "MAX_TOKENS": "1024", "MODEL_ARGS": TINY, "JOBS": "2"}
-    env.update(overrides)
-    return run(["bash", "scripts/recipes/multi30k_study.sh"], check=check, env_extra=env)
 
 
 def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
@@ -156,45 +131,6 @@ def test_study_end_to_end_and_rerun_skips(corpus, tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-def test_any_scheme_of_the_table_runs_by_name(corpus, tmp_path):
-    """MODELS takes every model name of the table of schemes (fairseq_plugins/modules/position_schemes.py): its
-    _tiny architecture with the table's flags, and a claim row against the Transformer."""
-    study(corpus, tmp_path, MODELS="transformer rope learned", SEEDS="1")
-    runs = tmp_path / "results" / "runs"
-    assert json.loads((runs / "rope.seed1.json").read_text())["arch"] == "rope_transformer_tiny"
-    learned = tmp_path / "ckpt" / "learned.seed1" / "train.log"
-    assert "encoder_learned_pos=True" in learned.read_text(encoding="utf-8").replace("'encoder_learned_pos': True",
-                                                                                    "encoder_learned_pos=True")
-    table = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
-    assert "| rope > sinusoidal (Su et al., RoFormer" in table and "| learned > sinusoidal (Gehring" in table
-
-    # TABLES_ONLY=1: the table of more models from the finished runs, nothing trained (a model asked for
-    # without a run is listed as missing, the finished runs' rows are unchanged)
-    out = study(corpus, tmp_path, MODELS="transformer rope learned nope", SEEDS="1", TABLES_ONLY="1").stdout
-    assert ": training " not in out and not (tmp_path / "ckpt" / "nope.seed1").exists()
-    wider = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
-    assert "| nope | 0/1 | – | – |" in wider and "PARTIAL: 3 of 4 runs done" in wider
-    for row in table.splitlines():
-        if row.startswith(("| transformer", "| rope", "| learned")):
-            assert row in wider
-
-    # a run of one model into the shared directory (here: done, so skipped) tabulates every finished run, not
-    # its MODELS alone; in one order whoever ran last (the recipe's models, then the table of schemes')
-    out = study(corpus, tmp_path, MODELS="rope", SEEDS="1").stdout
-    assert ": skipped (done" in out and ": training " not in out
-    alone = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
-    assert "PARTIAL" not in alone
-    assert [r.split(" | ")[0] for r in alone.splitlines() if re.match(r"\| \w+ \| \d+/\d+ \|", r)] == [
-        "| transformer", "| learned", "| rope"]
-    for row in table.splitlines():
-        if row.startswith(("| transformer", "| rope", "| learned")):
-            assert row in alone
-    # PARTIAL counts against every model with a run (and the seeds asked for)
-    study(corpus, tmp_path, MODELS="rope", SEEDS="1 2", TABLES_ONLY="1")
-    assert "**PARTIAL: 3 of 6 runs done** (seeds done: transformer 1/2, learned 1/2, rope 1/2)" in (
-        tmp_path / "results" / "table.md").read_text(encoding="utf-8")
-
-
 def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpus, tmp_path):
     """Checkpoints stay on the machine that trained them. In a new session (no checkpoints, the results kept) a
     fine-tune still to run needs its seed's transformer: the script trains it again with the same command, keeps
@@ -248,108 +184,6 @@ def test_a_run_another_study_process_holds_is_left_to_it(corpus, tmp_path):
     assert "== transformer.seed1: another study process is running it" in out
     assert ": training " not in out and not list(run_dir.glob("*.pt"))
     assert "PARTIAL: 0 of 1 runs done" in (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
-
-
-def test_train_short_test_long_protocol(corpus, tmp_path):
-    """MAX_TRAIN_LEN: training pairs with at most that many source words, BLEU by source length for each run
-    and, beside it, for the same model and seed trained on all lengths with the same recipe (the study without
-    MAX_TRAIN_LEN); the study table reads only the run results (not the by-length files)."""
-    study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1")
-    results = tmp_path / "results"
-    short = {"MODELS": "transformer", "SEEDS": "1", "JOBS": "1", "MAX_TRAIN_LEN": "10", "EDGES": "1,11,21",
-             "DATA_DIR": str(tmp_path / "data10"), "CKPT_ROOT": str(tmp_path / "ckpt10"),
-             "OUT_DIR": str(results / "len10")}
-    out = study(corpus, tmp_path, **short).stdout
-    train = (tmp_path / "data10" / "raw" / "train.en").read_text(encoding="utf-8").splitlines()
-    assert train and max(len(line.split()) for line in train) == 10
-    by_length = json.loads((results / "len10" / "runs" / "transformer.seed1.length.json").read_text())
-    assert [b["sentences"] for b in by_length["buckets"]] == [26, 34]  # the test set's 1-10 and 11-20 words
-    assert by_length["model"] == "transformer" and by_length["note"] is None
-    reference = json.loads((results / "len10" / "all_lengths" / "transformer.seed1.length.json").read_text())
-    assert reference["note"] == "trained on all lengths" and reference["hyp"] == [
-        str(results / "runs" / "transformer.seed1.hyp")]
-    assert [b["sentences"] for b in reference["buckets"]] == [26, 34]
-    length_table = (results / "len10" / "length_table.md").read_text(encoding="utf-8").splitlines()
-    assert [row.split(" | ")[0] for row in length_table[3:]] == [
-        "| transformer (1 run)", "| transformer (1 run), trained on all lengths"]
-    table = (results / "len10" / "table.md").read_text(encoding="utf-8")
-    assert "| transformer | 1/1 |" in table and "The 34 test sentences whose source has more than 10 words (longer " \
-        "than any training sentence): " in table
-    assert (results / "len10" / "length.png").is_file() and "results:" in out
-    # the references' own table, split at the same length, from the test references of this data directory
-    reference_table = (results / "len10" / "all_lengths" / "table.md").read_text(encoding="utf-8")
-    assert "| transformer | 1/1 |" in reference_table and "The 34 test sentences whose source has more than " \
-        "10 words (seen in training): " in reference_table
-
-    # a reference trained with another recipe is named and left out, never compared silently
-    recorded = results / "runs" / "transformer.seed1.json"
-    recorded.write_text(recorded.read_text().replace("beam=5", "beam=4"))
-    out = study(corpus, tmp_path, **short).stdout
-    assert ": training " not in out  # nothing retrained
-    assert "== transformer.seed1 trained on all lengths: " in out and "has another recipe; not compared" in out
-    assert not (results / "len10" / "all_lengths" / "transformer.seed1.length.json").exists()
-    assert not (results / "len10" / "all_lengths" / "table.md").exists()
-    assert len((results / "len10" / "length_table.md").read_text(encoding="utf-8").splitlines()) == 4
-
-
-def test_train_short_in_tokens(corpus, tmp_path):
-    """MAX_TRAIN_TOKENS: the training pairs whose source and target each have at most that many pieces of the run's
-    own sentencepiece model, which is the full training set's (so the cap is exact); the probe measures from the
-    longest source kept. SHAPE runs with --shape-max-shift SHAPE_K, recorded in its result."""
-    cap = 14
-    out = study(corpus, tmp_path, MODELS="transformer shape", SEEDS="1", JOBS="1", MAX_TRAIN_TOKENS=str(cap),
-                SHAPE_K="7").stdout
-    import sentencepiece as spm
-
-    data = tmp_path / "data"
-    full = tmp_path / "full_spm"
-    full.mkdir()
-    run([sys.executable, "scripts/spm_train.py", "--input", str(corpus / "train.en"), str(corpus / "train.de"),
-         "--model-prefix", str(full / "spm"), "--vocab-size", "200"])
-    assert (full / "spm.vocab").read_text(encoding="utf-8") == (data / "spm.vocab").read_text(encoding="utf-8")
-    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
-    pairs = list(zip(*((corpus / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de"))))
-    keep = [(s, t) for s, t in pairs if len(sp.encode(s)) <= cap and len(sp.encode(t)) <= cap]
-    assert 0 < len(keep) < len(pairs)
-    assert list(zip(*((data / "raw" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
-                      for lang in ("en", "de")))) == keep
-    assert f"kept {len(keep)} of {len(pairs)} pairs with <= {cap} sentencepiece pieces on both sides" in out
-    runs = tmp_path / "results" / "runs"
-    result = json.loads((runs / "transformer.seed1.json").read_text())
-    assert f"max_train_len=none max_train_tokens={cap} model_args=" in result["recipe"]
-    probe = json.loads((runs / "transformer.seed1.probe.json").read_text())
-    assert probe["train_longest_source"] == max(len(sp.encode(s)) for s, _ in keep) + 1 <= cap + 1
-    shape = json.loads((runs / "shape.seed1.json").read_text())
-    assert shape["shape_max_shift"] == "7" and "shape_max_shift" not in result
-    log = (tmp_path / "ckpt" / "shape.seed1" / "train.log").read_text(encoding="utf-8")
-    assert "shape_max_shift=7" in log.replace("'shape_max_shift': 7", "shape_max_shift=7")
-
-
-def test_train_short_with_joined_pairs(corpus, tmp_path):
-    """JOIN_TRAIN=1: the single pairs within MAX_TRAIN_TOKENS, then consecutive training pairs joined within the same
-    cap (filter_by_length.py --join), in the recipe; the probe measures from the longest source, joins included."""
-    import filter_by_length
-    import sentencepiece as spm
-
-    cap = 30  # the toy sentences are 11-40 pieces: some pairs of short ones fit
-    out = study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1", MAX_TRAIN_TOKENS=str(cap),
-                JOIN_TRAIN="1").stdout
-    data = tmp_path / "data"
-    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
-    pairs = list(zip(*((corpus / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de"))))
-    lengths = [(len(sp.encode(s)), len(sp.encode(t))) for s, t in pairs]
-    singles = [p for p, (a, b) in zip(pairs, lengths) if a <= cap and b <= cap]
-    runs = filter_by_length.packs([a for a, _ in lengths], [b for _, b in lengths], cap)
-    joins = [tuple(" ".join(side) for side in zip(*pairs[a:b + 1])) for a, b in runs]
-    written = list(zip(*((data / "raw" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
-                         for lang in ("en", "de"))))
-    assert joins and written == singles + joins
-    assert all(len(sp.encode(s)) <= cap and len(sp.encode(t)) <= cap for s, t in joins)  # the cap holds joined
-    assert f"added {len(joins)} joins of 2-" in out
-    result = json.loads((tmp_path / "results" / "runs" / "transformer.seed1.json").read_text())
-    assert f"max_train_len=none max_train_tokens={cap} join_train=1 model_args=" in result["recipe"]
-    probe = json.loads((tmp_path / "results" / "runs" / "transformer.seed1.probe.json").read_text())
-    assert probe["train_longest_source"] == max(len(sp.encode(s)) for s, _ in written) + 1 <= cap + 1
 
 
 @pytest.mark.parametrize("overrides, message", [

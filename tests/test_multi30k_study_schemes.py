@@ -1,0 +1,45 @@
+"""scripts/recipes/multi30k_study.sh takes any model of the table of schemes by name, and tabulates every finished
+run (TABLES_ONLY=1; a run of one model into a shared directory)."""
+import json
+import re
+
+from helpers.study_corpus import corpus, study  # noqa: F401  (corpus: a fixture)
+
+
+def test_any_scheme_of_the_table_runs_by_name(corpus, tmp_path):
+    """MODELS takes every model name of the table of schemes (fairseq_plugins/modules/position_schemes.py): its
+    _tiny architecture with the table's flags, and a claim row against the Transformer."""
+    study(corpus, tmp_path, MODELS="transformer rope learned", SEEDS="1")
+    runs = tmp_path / "results" / "runs"
+    assert json.loads((runs / "rope.seed1.json").read_text())["arch"] == "rope_transformer_tiny"
+    learned = tmp_path / "ckpt" / "learned.seed1" / "train.log"
+    assert "encoder_learned_pos=True" in learned.read_text(encoding="utf-8").replace("'encoder_learned_pos': True",
+                                                                                    "encoder_learned_pos=True")
+    table = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+    assert "| rope > sinusoidal (Su et al., RoFormer" in table and "| learned > sinusoidal (Gehring" in table
+
+    # TABLES_ONLY=1: the table of more models from the finished runs, nothing trained (a model asked for
+    # without a run is listed as missing, the finished runs' rows are unchanged)
+    out = study(corpus, tmp_path, MODELS="transformer rope learned nope", SEEDS="1", TABLES_ONLY="1").stdout
+    assert ": training " not in out and not (tmp_path / "ckpt" / "nope.seed1").exists()
+    wider = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+    assert "| nope | 0/1 | – | – |" in wider and "PARTIAL: 3 of 4 runs done" in wider
+    for row in table.splitlines():
+        if row.startswith(("| transformer", "| rope", "| learned")):
+            assert row in wider
+
+    # a run of one model into the shared directory (here: done, so skipped) tabulates every finished run, not
+    # its MODELS alone; in one order whoever ran last (the recipe's models, then the table of schemes')
+    out = study(corpus, tmp_path, MODELS="rope", SEEDS="1").stdout
+    assert ": skipped (done" in out and ": training " not in out
+    alone = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+    assert "PARTIAL" not in alone
+    assert [r.split(" | ")[0] for r in alone.splitlines() if re.match(r"\| \w+ \| \d+/\d+ \|", r)] == [
+        "| transformer", "| learned", "| rope"]
+    for row in table.splitlines():
+        if row.startswith(("| transformer", "| rope", "| learned")):
+            assert row in alone
+    # PARTIAL counts against every model with a run (and the seeds asked for)
+    study(corpus, tmp_path, MODELS="rope", SEEDS="1 2", TABLES_ONLY="1")
+    assert "**PARTIAL: 3 of 6 runs done** (seeds done: transformer 1/2, learned 1/2, rope 1/2)" in (
+        tmp_path / "results" / "table.md").read_text(encoding="utf-8")
