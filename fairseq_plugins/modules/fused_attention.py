@@ -11,11 +11,13 @@
 """
 
 import math
+import types
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.fx.experimental import _config as fx_config
 
 BACKENDS = ("sdpa", "flex")
 FLEX_TORCH = "2.9"  # AuxRequest, the log-sum-exp's gradient and learnable captured tensors, all in one release
@@ -121,68 +123,84 @@ def flex_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor]) -
     return FlexMask(keep_key, allowed, added)
 
 
-def _mask_mod(mask: FlexMask, extra: Optional[Callable] = None):
-    keep_key, allowed = mask.keep_key, mask.allowed
+def _mask_mod(keep_key: Tensor, allowed: Tensor):
+    """One closure shape for every call: the compiled call's guards see two tensors (metadata only), never None
+    in some calls and a tensor in others (each such variant would be one more compile)."""
 
     def mask_mod(b, h, i, j):
-        ok = j >= 0
-        if keep_key is not None:
-            ok = ok & keep_key[b, j]
-        if allowed is not None:
-            ok = ok & allowed[i, j]
-        if extra is not None:
-            ok = ok & extra(i, j)
-        return ok
+        return keep_key[b, j] & allowed[i, j]
 
     return mask_mod
 
 
+def _no_score_mod(s, b, h, i, j):
+    return s
+
+
+def _flex_call(q, k, v, score_mod, buffers, added, block_mask, scale):
+    """FlexAttention's public call, the function compiled on CUDA. Its score_mod is made here, inside the compiled
+    region, so that the guards are on score_mod's code and the buffers' metadata, never on a per-call closure."""
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+
+    def mod(s, b, h, i, j):
+        s = score_mod(s, b, h, i, j, *buffers)
+        return s if added is None else s + added[i, j]
+
+    out, aux = flex_attention(q, k, v, score_mod=mod, block_mask=block_mask, scale=scale,
+                              return_aux=AuxRequest(lse=True))
+    return out, aux.lse
+
+
+# torch.compile backend of the FlexAttention call by device type; a device not listed runs the higher-order op
+# eagerly (CPU: the public function refuses gradients there)
+COMPILE_BACKENDS = {"cuda": "inductor"}
 _COMPILED = {}
 
 
-def _compiled_flex():
-    if "flex" not in _COMPILED:
-        from torch.nn.attention.flex_attention import flex_attention
-        # torch's automatic dynamic shapes: fairseq's batches change (B, T) every update; a second shape compiles
-        # once more, with symbolic sizes, instead of once per shape
-        _COMPILED["flex"] = torch.compile(flex_attention)
-    return _COMPILED["flex"]
+def _compiled_flex(backend, score_mod: Callable, with_added: bool, sizes: Sequence[int]):
+    """``_flex_call`` compiled for one kind of call: one score_mod (by its code: T5's, ALiBi's, Shaw's, none), with
+    or without a float mask, and one set of sizes equal to 1 among ``sizes`` (dynamo specialises a size of 1 even
+    when compiling with symbolic sizes: a batch of one sentence, a length within one block of the mask). Each kind
+    gets its own copy of the function's code, so its own dynamo cache and recompile limit, and compiles once:
+    within a kind the sizes are symbolic (fairseq's batches change (B, T) every update)."""
+    key = (backend, score_mod.__code__, with_added, tuple(n == 1 for n in sizes))
+    if key not in _COMPILED:
+        copy = types.FunctionType(_flex_call.__code__.replace(), _flex_call.__globals__, _flex_call.__name__)
+        _COMPILED[key] = torch.compile(copy, backend=backend, dynamic=True)
+    return _COMPILED[key]
 
 
 def flex(q: Tensor, k: Tensor, v: Tensor, score_mod: Optional[Callable], buffers: Sequence[Tensor], mask: FlexMask,
-         extra: Optional[Callable] = None, scale: float = 1.0):
+         region: Optional[Tensor] = None, scale: float = 1.0):
     """FlexAttention: (out (B, H, T, d) in q's dtype, lse (B, H, T) float32+ in natural log).
 
     ``score_mod(s, b, h, i, j, *buffers)`` takes the tensors it reads as arguments, so that their gradients flow on
-    CPU too; ``extra(i, j)`` restricts the keys further (the tails of Shaw's value term). CUDA: the compiled
-    kernel; CPU: the higher-order op eagerly (its public wrapper refuses gradients on CPU), the same maths unfused."""
+    CPU too; ``region`` (T, S) bool restricts the keys further (the tails of Shaw's value term). CUDA: the
+    compiled kernel; CPU: the higher-order op eagerly, the same maths unfused."""
     from torch._higher_order_ops.flex_attention import flex_attention as flex_op
     from torch.nn.attention.flex_attention import AuxRequest, _apply_kernel_options, create_block_mask
 
-    added = mask.added
-    if added is not None:  # a float attn_mask's finite part: one more score term
-        inner, inner_buffers = score_mod, tuple(buffers)
-
-        def score_mod(s, b, h, i, j, *bufs):
-            s = s if inner is None else inner(s, b, h, i, j, *bufs[:-1])
-            return s + bufs[-1][i, j]
-
-        buffers = inner_buffers + (added,)
     B, T, S = q.size(0), q.size(2), k.size(2)
-    needs_mask = mask.keep_key is not None or mask.allowed is not None or extra is not None
-    block_mask = create_block_mask(_mask_mod(mask, extra), B if mask.keep_key is not None else None, None, T, S,
-                                   device=q.device) if needs_mask else None
-    if score_mod is None:
+    # always both tensors (all true where fairseq has no mask): one mask_mod for every kind of attention
+    keep_key = mask.keep_key if mask.keep_key is not None else torch.ones(B, S, dtype=torch.bool, device=q.device)
+    allowed = mask.allowed if mask.allowed is not None else torch.ones(T, S, dtype=torch.bool, device=q.device)
+    if region is not None:
+        allowed = allowed & region
+    block_mask = create_block_mask(_mask_mod(keep_key, allowed), B, None, T, S, device=q.device)
+    score_mod = _no_score_mod if score_mod is None else score_mod
+    backend = COMPILE_BACKENDS.get(q.device.type)
+    if backend is not None:
+        sizes = (B, T, S) + tuple(block_mask.kv_indices.shape[-2:])  # and the mask's blocks along T and S
+        compiled = _compiled_flex(backend, score_mod, mask.added is not None, sizes)
+        # no duck sizing: sizes equal by chance (B = T, T = 2k+1 of Shaw's P) would each be one more compile
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(q, k, v, score_mod, tuple(buffers), mask.added, block_mask, scale)
+    if mask.added is not None:  # a float attn_mask's finite part: one more score term
+        inner, buffers = score_mod, tuple(buffers) + (mask.added,)
+
         def score_mod(s, b, h, i, j, *bufs):
-            return s
-    if q.device.type == "cuda":
-        bufs = tuple(buffers)
-        out, aux = _compiled_flex()(q, k, v, score_mod=lambda s, b, h, i, j: score_mod(s, b, h, i, j, *bufs),
-                                    block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))
-        return out, aux.lse
-    if block_mask is None:
-        from torch.nn.attention.flex_attention import _create_empty_block_mask
-        block_mask = _create_empty_block_mask(q, k)
+            return inner(s, b, h, i, j, *bufs[:-1]) + bufs[-1][i, j]
+
     options = _apply_kernel_options(q, k, v, True, None, AuxRequest(lse=True))
     out, lse2, _ = flex_op(q, k, v, score_mod, block_mask.as_tuple(), scale, options, tuple(buffers), ())
     return out, lse2 * math.log(2.0)  # the op's log-sum-exp is in base 2 (its kernels' convention)
@@ -253,22 +271,22 @@ def shaw_flex(q: Tensor, k: Tensor, v: Tensor, relative_keys: Optional[Tensor], 
     alpha = band.exp()  # (B, H, T, 2k−1)
     values = torch.matmul(alpha, _per_head(relative_values, slice(1, 2 * K)).to(work))  # (B, H, T, d)
     for sign, row in ((-1, 0), (1, 2 * K)):  # the clipped tails: keys j ≤ i − k and j ≥ i + k
-        if not _tail_possible(sign, K, T, S, mask):
+        tail = _tail(sign, K, T, S, q.device)
+        if not _tail_possible(tail, mask):
             continue
-        tail = (lambda i, j: j <= i - K) if sign < 0 else (lambda i, j: j >= i + K)
-        _, lse_tail = flex(q, k, v, score_mod, buffers, mask, extra=tail)
+        _, lse_tail = flex(q, k, v, score_mod, buffers, mask, region=tail)
         mass = (lse_tail - lse).exp().unsqueeze(-1)  # A±: (B, H, T, 1); an empty tail's lse is −inf: 0
         values = values + mass * _per_head(relative_values, row).to(work).view(-1, 1, d)
     return out + values.to(q.dtype)
 
 
-def _tail_possible(sign: int, K: int, T: int, S: int, mask: FlexMask) -> bool:
+def _tail(sign: int, K: int, T: int, S: int, device) -> Tensor:
+    """(T, S) bool: the keys of the lower (j <= i - k) or upper (j >= i + k) clipped tail."""
+    i = torch.arange(T, device=device)[:, None]
+    j = torch.arange(S, device=device)[None, :]
+    return (j <= i - K) if sign < 0 else (j >= i + K)
+
+
+def _tail_possible(tail: Tensor, mask: FlexMask) -> bool:
     """Whether any query has a key in that tail (the decoder's causal mask leaves the upper one empty)."""
-    if T <= K and S <= K:
-        return False
-    if mask.allowed is None:
-        return True
-    i = torch.arange(T, device=mask.allowed.device)[:, None]
-    j = torch.arange(S, device=mask.allowed.device)[None, :]
-    region = (j <= i - K) if sign < 0 else (j >= i + K)
-    return bool((mask.allowed & region).any())
+    return bool((tail if mask.allowed is None else mask.allowed & tail).any())
