@@ -4,7 +4,10 @@
   one that needs no gradient; ``BiasedFlashCPU`` runs it on the detached mask and gives the mask its gradient
   in the backward, dS = α ⊙ (dz vᵀ − (dz·z)), from α recomputed from the kernel's log-sum-exp.
 - ``flex``: FlexAttention (``torch.compile``d on CUDA; on CPU its higher-order op eagerly, unfused, the same
-  maths) with a ``score_mod`` that adds a scheme's bias(h, i, j), and fairseq's masks as its ``mask_mod``.
+  maths) with a ``score_mod`` that adds a scheme's bias(h, i, j), and fairseq's masks as its ``mask_mod``. The
+  compiled call compiles once per kind of call (``_compiled_flex``), with symbolic sizes: its guards never see a
+  per-call closure or a mask that is None in some calls, each of which was one more compile up to dynamo's
+  recompile limit, past which FlexAttention ran unfused.
 - ``shaw_flex``: Shaw's key and value terms without a (T, S) tensor: the key term as a ``score_mod`` reading
   P = q (w^K)ᵀ; the value term from the band probabilities α_{i,i+m} = exp(s_{i,i+m} − lse_i), |m| < k, and the
   clipped tails' masses A± = exp(lse±_i − lse_i) of two masked passes. Derivation: docs/fused_attention.md.
@@ -157,13 +160,13 @@ COMPILE_BACKENDS = {"cuda": "inductor"}
 _COMPILED = {}
 
 
-def _compiled_flex(backend, score_mod: Callable, with_added: bool, sizes: Sequence[int]):
+def _compiled_flex(backend, score_mod: Callable, with_added: bool, sizes: Sequence[int], grad: bool):
     """``_flex_call`` compiled for one kind of call: one score_mod (by its code: T5's, ALiBi's, Shaw's, none), with
-    or without a float mask, and one set of sizes equal to 1 among ``sizes`` (dynamo specialises a size of 1 even
-    when compiling with symbolic sizes: a batch of one sentence, a length within one block of the mask). Each kind
-    gets its own copy of the function's code, so its own dynamo cache and recompile limit, and compiles once:
-    within a kind the sizes are symbolic (fairseq's batches change (B, T) every update)."""
-    key = (backend, score_mod.__code__, with_added, tuple(n == 1 for n in sizes))
+    or without a float mask, one set of sizes equal to 1 among ``sizes`` (dynamo specialises a size of 1 even when
+    compiling with symbolic sizes: a batch of one sentence, a length within one block of the mask), training or
+    not. Each kind gets its own copy of the function's code, so its own dynamo cache and recompile limit, and
+    compiles once: within a kind only the sizes vary, symbolic from the first compile on."""
+    key = (backend, score_mod.__code__, with_added, tuple(n == 1 for n in sizes), grad)
     if key not in _COMPILED:
         copy = types.FunctionType(_flex_call.__code__.replace(), _flex_call.__globals__, _flex_call.__name__)
         _COMPILED[key] = torch.compile(copy, backend=backend, dynamic=True)
@@ -191,7 +194,8 @@ def flex(q: Tensor, k: Tensor, v: Tensor, score_mod: Optional[Callable], buffers
     backend = COMPILE_BACKENDS.get(q.device.type)
     if backend is not None:
         sizes = (B, T, S) + tuple(block_mask.kv_indices.shape[-2:])  # and the mask's blocks along T and S
-        compiled = _compiled_flex(backend, score_mod, mask.added is not None, sizes)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *buffers))  # validation: no
+        compiled = _compiled_flex(backend, score_mod, mask.added is not None, sizes, grad)
         # no duck sizing: sizes equal by chance (B = T, T = 2k+1 of Shaw's P) would each be one more compile
         with fx_config.patch(use_duck_shape=False):
             return compiled(q, k, v, score_mod, tuple(buffers), mask.added, block_mask, scale)
