@@ -76,6 +76,7 @@ def add_attention_backend_arg(parser):
     parser.add_argument("--attention-backend", action=OneLineFlag, parse=one_of(BACKENDS), metavar="NAME",
                         help="self-attention kernel: sdpa (default: the path measured so far; torch's SDPA for the "
                              "score biases, the project's own kernel for Shaw's; flex on an H100 recompiled until "
-                             "dynamo's limit and ran unfused, 1.5-41x slower: results/gpu_check_notes.md) or "
+                             "dynamo's limit and ran unfused, 1.5-41x slower: results/gpu_check_notes.md; it now "
+                             "compiles once per kind of call, not yet measured on a GPU) or "
                              "flex (torch's FlexAttention, compiled on CUDA, eager and unfused on CPU; no (T, S) "
                              "tensor for Shaw's value term; no attention dropout; incremental decoding keeps sdpa)")
