@@ -1,6 +1,6 @@
 """The position schemes of the table (fairseq_plugins/modules/position_schemes.py), one contract for all:
 
-- each attention scheme (T5 bias, ALiBi, RoPE) against a naive reference written from its paper's equation,
+- each attention scheme (T5 bias, ALiBi, KERPLE, RoPE) against a naive reference written from its paper's equation,
   loop by loop in float64 (outputs and gradients, with padding and the causal mask);
 - what each stack adds to its token embeddings, against a naive float64 reference (SHAPE, as its authors' code:
   the sinusoid at position + k, one k in 0..K-1 per sequence in training, K at evaluation, pads untouched; NoPE's
@@ -30,6 +30,7 @@ from helpers.small_task import small_data
 from helpers import tiny_models
 from helpers.tiny_models import EOS, PAD, TASK, VOCAB, fixed_batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
+from fairseq_plugins.modules.kerple import KerpleLog
 from fairseq_plugins.modules.position_schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
     architectures
 from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
@@ -123,6 +124,7 @@ def test_alibi_slopes_are_the_papers():
 SCHEME_CASES = {
     "t5": lambda H, d, causal: T5Bias(H, bidirectional=not causal, num_buckets=8, max_distance=6),
     "alibi": lambda H, d, causal: ALiBi(H),
+    "kerple": lambda H, d, causal: KerpleLog(H),
     "rope": lambda H, d, causal: RoPE(d),
 }
 
@@ -150,6 +152,9 @@ def test_attention_equals_the_papers_equation(name, causal):
     elif name == "alibi":
         slopes = [2.0 ** (-8 * (h + 1) / H) for h in range(H)]
         bias_fn = lambda h, i, j: -slopes[h] * abs(i - j)  # noqa: E731
+    elif name == "kerple":  # −r1_h·log(1 + r2_h·|i − j|), r = softplus(ρ)
+        r1, r2 = torch.nn.functional.softplus(scheme.rho1), torch.nn.functional.softplus(scheme.rho2)
+        bias_fn = lambda h, i, j: -r1[h] * torch.log(1 + r2[h] * abs(i - j))  # noqa: E731
     else:
         rotate_fn = rope_naive
     want = naive_attention(attn, x, padding, causal, bias_fn, rotate_fn)
@@ -584,7 +589,7 @@ def test_a_bad_flag_is_one_line_from_the_command_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "fairseq-train: error: argument --encoder-position-scheme: invalid choice: 'nope' (choose from sinusoidal, "
-        "learned, shape, t5, alibi, rope) (an encoder without positions is permutation-invariant)"]
+        "learned, shape, t5, alibi, kerple, rope) (an encoder without positions is permutation-invariant)"]
 
 
 def test_alibi_encoder_cannot_tell_a_source_from_its_mirror_image():
