@@ -51,7 +51,8 @@ def value(cfg, key):
     return hydra_config.select(cfg, key)
 
 
-SCHEME_PARAMETERS = {"t5": lambda heads: 32 * heads, "kerple": lambda heads: 2 * heads}  # one stack's, by heads
+SCHEME_PARAMETERS = {"t5": lambda heads: 32 * heads, "kerple": lambda heads: 2 * heads,  # one stack's, by heads
+                     "fire": lambda heads: (32 + 32) + (32 * heads + heads) + 2}  # the MLP 1-32-heads, c, λ
 
 
 def test_cells_cover_the_tables():
@@ -169,7 +170,8 @@ def test_model_matches_the_command_line(name, composed, dict_dir):
         big = "big" in arch
         d, heads = (1024, 16) if big else (512, 8)
         textbook = expected_transformer_parameters(d, 4096 if big else 2048, 6, VOCAB)
-        # per stack, two stacks: T5 one table of 32 buckets × heads, KERPLE (r1, r2) per head; the others none
+        # per stack, two stacks: T5 one table of 32 buckets × heads, KERPLE (r1, r2) per head, FIRE its MLP, c, λ;
+        # the others none
         assert hydra_count == textbook + 2 * SCHEME_PARAMETERS.get(scheme.group(1), lambda heads: 0)(heads)
 
 
