@@ -306,7 +306,8 @@ def relative_similarity(entry):
     return torch.stack([cosine_similarity(head) for head in entry["values"]]).mean(0)
 
 
-ATTENTION_SCHEMES = {"T5Bias": "t5", "ALiBi": "alibi", "RoPE": "rope"}  # position_transformer's stack modules
+# position_transformer's stack modules
+ATTENTION_SCHEMES = {"T5Bias": "t5", "ALiBi": "alibi", "KerpleLog": "kerple", "FIRE": "fire", "RoPE": "rope"}
 
 
 def attention_schemes(model):
@@ -626,6 +627,8 @@ def relative_figures(model, label, out):
 
 ATTENTION_TITLES = {"t5": "T5 relative bias (Raffel et al.), β_h[bucket(j − i)]",
                     "alibi": "ALiBi (Press et al.), −m_h·|j − i|",
+                    "kerple": "KERPLE log (Chi et al.), −r1_h·log(1 + r2_h·|j − i|)",
+                    "fire": "FIRE (Li et al.), f_θ(ψ(|j − i|) / ψ(max(L, i)))",
                     "rope": "RoPE (Su et al.), first layer's logit for one word at two positions, vocabulary mean"}
 
 

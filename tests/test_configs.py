@@ -51,6 +51,10 @@ def value(cfg, key):
     return hydra_config.select(cfg, key)
 
 
+SCHEME_PARAMETERS = {"t5": lambda heads: 32 * heads, "kerple": lambda heads: 2 * heads,  # one stack's, by heads
+                     "fire": lambda heads: (32 + 32) + (32 * heads + heads) + 2}  # the MLP 1-32-heads, c, λ
+
+
 def test_cells_cover_the_tables():
     methods = {"transformer", "transformer_learned", "every_layer_sinusoidal", "every_layer_learned", "relative",
                "floater_all", "floater_input", "floater_all_warm", "floater_input_warm", "shaw_absolute"}
@@ -160,12 +164,15 @@ def test_model_matches_the_command_line(name, composed, dict_dir):
         if name == "wmt14_en_de_base_transformer":  # the well-known figure: 44.1M + the embeddings
             assert textbook - VOCAB * 512 == 44_138_496
     scheme = re.match(r"(\w+?)_transformer_(wmt_en_de|vaswani_wmt_en_de_big)$", arch)
-    if scheme and scheme.group(1) in ("t5", "rope", "alibi", "shape", "nope"):  # the table's schemes
+    from fairseq_plugins.modules.position_schemes import NEW_SCHEMES
+
+    if scheme and scheme.group(1) in NEW_SCHEMES:  # the table's schemes
         big = "big" in arch
         d, heads = (1024, 16) if big else (512, 8)
         textbook = expected_transformer_parameters(d, 4096 if big else 2048, 6, VOCAB)
-        # T5: one table of 32 buckets × heads per stack; the others add no parameter
-        assert hydra_count == textbook + (2 * 32 * heads if scheme.group(1) == "t5" else 0)
+        # per stack, two stacks: T5 one table of 32 buckets × heads, KERPLE (r1, r2) per head, FIRE its MLP, c, λ;
+        # the others none
+        assert hydra_count == textbook + 2 * SCHEME_PARAMETERS.get(scheme.group(1), lambda heads: 0)(heads)
 
 
 def test_big_en_fr_dropout(composed, dict_dir):

@@ -59,6 +59,9 @@ def add_position_args(parser):
                         help="T5 bias: distances from D on share the last bucket (default 128)")
     parser.add_argument("--rope-base", action=OneLineFlag, parse=positive(float), metavar="b",
                         help="RoPE: θ_i = b^(-2i/d) (default 10000, the paper's)")
+    parser.add_argument("--fire-threshold", action=OneLineFlag, parse=positive(float), metavar="L0",
+                        help="FIRE: the threshold L's starting value, L = |λ·L0| with λ learned from 1 (default "
+                             "512, the paper's)")
     parser.add_argument("--t5-bias-init", action=OneLineFlag, parse=one_of(T5_INITS), metavar="INIT",
                         help="T5 bias: the table's initialisation: glorot (default; T5's own code, "
                              "mesh-tensorflow: U(-a, a), a = sqrt(6 / (heads + buckets))), normal (HF transformers' "
@@ -81,11 +84,12 @@ class FlagError(ValueError):
 # checkpoint's stored arguments hold every flag filled with its default, whatever its scheme.
 # The defaults are position_transformer()'s (below); SHAPE's evaluation offset defaults to its K.
 SCHEME_DEFAULTS = {"t5_num_buckets": 32, "t5_max_distance": 128, "t5_bias_init": "glorot", "rope_base": 10000.0,
-                   "shape_max_shift": 100}
+                   "fire_threshold": 512.0, "shape_max_shift": 100}
 SCHEME_DEFAULTS["shape_eval_offset"] = SCHEME_DEFAULTS["shape_max_shift"]
 SCHEME_FLAGS = tuple((flag, name, SCHEME_DEFAULTS[name], scheme) for flag, name, scheme in (
     ("--t5-num-buckets", "t5_num_buckets", "t5"), ("--t5-max-distance", "t5_max_distance", "t5"),
     ("--t5-bias-init", "t5_bias_init", "t5"), ("--rope-base", "rope_base", "rope"),
+    ("--fire-threshold", "fire_threshold", "fire"),
     ("--shape-max-shift", "shape_max_shift", "shape"), ("--shape-eval-offset", "shape_eval_offset", "shape")))
 
 
@@ -236,7 +240,7 @@ def position_transformer(args):
     args.position_scheme = getattr(args, "position_scheme", None) or "sinusoidal"
     args.encoder_position_scheme = getattr(args, "encoder_position_scheme", None)
     args.decoder_position_scheme = getattr(args, "decoder_position_scheme", None)
-    for name in ("t5_num_buckets", "t5_max_distance", "t5_bias_init", "rope_base"):
+    for name in ("t5_num_buckets", "t5_max_distance", "t5_bias_init", "rope_base", "fire_threshold"):
         setattr(args, name, getattr(args, name, None) or SCHEME_DEFAULTS[name])
     args.attention_backend = getattr(args, "attention_backend", None) or "sdpa"
     shift = getattr(args, "shape_max_shift", None)

@@ -3,7 +3,7 @@
 Every scheme enters a Transformer at one of a few hooks (the kinds):
 - ``embedding``: a position embedding added to the token embeddings (fairseq's sinusoidal and learned; SHAPE),
   or to the input of every block (FLOATER's Table 2 baseline, ``transformer_every_layer_pos``);
-- ``score bias``: an additive (heads, T, S) logit bias in self-attention (T5, ALiBi);
+- ``score bias``: an additive (heads, T, S) logit bias in self-attention (T5, ALiBi, KERPLE, FIRE);
 - ``rotary``: a rotation of q and k in self-attention (RoPE);
 - ``none``: no position at all (NoPE; decoder only: its causal mask carries order, while an encoder without
   positions is permutation-invariant);
@@ -22,6 +22,8 @@ from typing import Callable, Optional, Tuple
 from torch import nn
 
 from .alibi import ALiBi
+from .fire import FIRE
+from .kerple import KerpleLog
 from .rope import RoPE
 from .t5_bias import T5Bias
 
@@ -79,6 +81,12 @@ SCHEMES = {s.name: s for s in (
     Scheme("alibi", "alibi", "score bias", "Press et al., ICLR 2022 (arXiv 2108.12409)",
            POSITION_TRANSFORMER, "alibi_transformer",
            attention=lambda cfg, heads, head_dim, causal: ALiBi(heads)),
+    Scheme("kerple", "kerple", "score bias", "Chi et al., NeurIPS 2022 (arXiv 2205.09921), log variant",
+           POSITION_TRANSFORMER, "kerple_transformer",
+           attention=lambda cfg, heads, head_dim, causal: KerpleLog(heads)),
+    Scheme("fire", "fire", "score bias", "Li et al., ICLR 2024 (arXiv 2310.04418)",
+           POSITION_TRANSFORMER, "fire_transformer",
+           attention=lambda cfg, heads, head_dim, causal: FIRE(heads, causal, threshold=cfg.fire_threshold)),
     Scheme("rope", "rope", "rotary", "Su et al., RoFormer (arXiv 2104.09864)",
            POSITION_TRANSFORMER, "rope_transformer",
            attention=lambda cfg, heads, head_dim, causal: RoPE(head_dim, base=cfg.rope_base)),

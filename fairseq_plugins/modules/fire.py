@@ -1,0 +1,58 @@
+"""FIRE (Li et al., "Functional Interpolation for Relative Positions Improves Long Context Transformers", ICLR 2024,
+arXiv 2310.04418, §3): a learned function of the relative distance, normalised by the query's position, added
+to the attention logits::
+
+    e_ij = (x_i W_q)(x_j W_k)^T / sqrt(d_z) + b(i, j)_h,    b(i, j) = f_θ( ψ(i − j) / ψ(max(L, i)) ),
+    ψ(x) = log(c·x + 1)
+
+f_θ: R → R^H, a two-layer MLP (1 → 32 → heads, ReLU between), one output per head; c > 0 amplifies the
+differences between near positions (log transform); the threshold L > 0 keeps short contexts from being
+stretched to the whole range ("progressive interpolation": ψ(i − j)/ψ(i) ∈ [0, 1] for any length, once i > L).
+Learned: θ, c and L. Initialisation and positivity as the paper's reference code (its appendix): c starts at
+0.1, L = |λ·L₀| with λ learned from 1 and L₀ = 512 (``--fire-threshold``: 512 suits its language models' 512-token
+windows; a WMT sentence is shorter, so every query then normalises by ψ(L₀)), c enters as |c|, and ε = 1e-6 is
+added to the normaliser ψ(max(L, i)); θ: torch's default Linear initialisation.
+
+The paper's model is causal (j ≤ i): the decoder here is the same (future keys masked). The encoder uses the
+symmetric adaptation ψ(|i − j|) / ψ(max(L, max(i, j))): the distance either way, normalised by the farther of the
+two positions. Positions are indices in the padded batch (as for every score bias here), and the normaliser is
+not a function of i − j: a source left-padded by p tokens is normalised by max(L, max(i, j) + p), so it gets the
+same bias as alone only while its padded length stays within L (always at L₀ = 512 on WMT's lengths).
+
+Mapping to code: ``FIRE.mlp`` is f_θ, ``FIRE.c`` is c, ``FIRE.threshold()`` is L; ``score_bias(q_pos, k_pos,
+dtype)`` returns b as (heads, T, S) in dtype (float32, or float64 for a float64 model: never the model's half
+precision) for ``PositionalSelfAttention``. One FIRE per stack, shared by its layers (the paper shares one across
+layers too). No bias in cross-attention.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+EPS = 1e-6  # the reference code's, added to the normaliser
+
+
+class FIRE(nn.Module):
+    rotates = False
+
+    def __init__(self, num_heads: int, causal: bool, threshold: float = 512.0, mlp_width: int = 32,
+                 init_c: float = 0.1):
+        super().__init__()
+        self.causal, self.initial_threshold = causal, float(threshold)
+        self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, num_heads))
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.threshold_scale = nn.Parameter(torch.tensor(1.0))  # λ: L = |λ·L₀|
+
+    def threshold(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return (self.threshold_scale.to(dtype) * self.initial_threshold).abs()
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        i, j = q_pos[:, None].to(dtype), k_pos[None, :].to(dtype)  # (T, 1), (1, S)
+        c = self.c.to(dtype).abs()
+        far = i if self.causal else torch.maximum(i, j)  # the decoder's i; the encoder's max(i, j)
+        psi_distance = torch.log(c * (i - j).abs() + 1)  # ψ(|i − j|), (T, S)
+        psi_normaliser = torch.log(c * torch.maximum(far, self.threshold(dtype)) + 1) + EPS  # ψ(max(L, ·))
+        x = (psi_distance / psi_normaliser).unsqueeze(-1)  # (T, S, 1)
+        first, second = self.mlp[0], self.mlp[2]
+        hidden = F.relu(F.linear(x, first.weight.to(dtype), first.bias.to(dtype)))  # (T, S, width)
+        return F.linear(hidden, second.weight.to(dtype), second.bias.to(dtype)).permute(2, 0, 1)  # (H, T, S)
