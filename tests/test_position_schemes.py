@@ -260,14 +260,7 @@ def small(tmp_path_factory):
     return small_data(tmp_path_factory)
 
 
-# FIRE's MLP starts as torch's default Linear: its bias varies by at most 0.12 logit over 30 positions, so after 3
-# (or 8) updates both its stacks are still nearly position-blind and every test source decodes to the same tokens
-HUB_ARCHS = [pytest.param(a, marks=pytest.mark.xfail(strict=True, reason="FIRE: every source translates alike "
-                                                                          "after 3 updates"))
-             if a == "fire_transformer_tiny" else a for a in ARCHS]
-
-
-@pytest.mark.parametrize("arch", HUB_ARCHS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_hub_translate_equals_generate(small, tmp_path, arch):
     """As tests/test_hub.py for the other archs: the checkpoint loads through fairseq's hub interface and
     translates exactly as scripts/generate.sh (fairseq-generate) does. The checkpoint is fairseq's Trainer's after
@@ -290,7 +283,10 @@ def test_hub_translate_equals_generate(small, tmp_path, arch):
     assert type(hub.models[0]).__name__ == "PositionTransformerModel"
     assert hub.models[0].args.position_scheme == arch.removesuffix("_transformer_tiny")
     sources = (small / "raw" / "test.src").read_text(encoding="utf-8").splitlines()[:12]
-    assert len(set(generated[:12])) > 1  # the sources make a difference
+    # the sources make a difference, except for FIRE: its MLP starts as torch's default Linear (as the paper's code),
+    # whose bias varies by at most 0.12 logit over 30 positions, and after 3 updates every source decodes alike;
+    # hub and generate must still agree
+    assert len(set(generated[:12])) > 1 or arch == "fire_transformer_tiny"
     assert hub.translate(sources, beam=4, lenpen=0.6, **cap) == generated[:12]
     assert hub.translate(sources[0], beam=4, lenpen=0.6, **cap) == generated[0]
 
