@@ -37,6 +37,7 @@ from ..modules.position_schemes import NEW_SCHEMES, POSITION_TRANSFORMER, SCHEME
 logger = logging.getLogger(__name__)
 STACK_SCHEMES = {n: s for n, s in SCHEMES.items() if s.selectable}  # what --position-scheme can name
 from ..modules.positional_attention import PositionalSelfAttention
+from ..modules.rope import SCALINGS as ROPE_SCALINGS
 from ..modules.shape_positions import ShapePositionalEmbedding
 from ..modules.t5_bias import T5_INITS
 
@@ -59,6 +60,17 @@ def add_position_args(parser):
                         help="T5 bias: distances from D on share the last bucket (default 128)")
     parser.add_argument("--rope-base", action=OneLineFlag, parse=positive(float), metavar="b",
                         help="RoPE: θ_i = b^(-2i/d) (default 10000, the paper's)")
+    parser.add_argument("--rope-scaling", action=OneLineFlag, parse=one_of(ROPE_SCALINGS), metavar="KIND",
+                        help="RoPE, for decoding longer inputs than training (e.g. at decode time through "
+                             "--model-overrides): none (default), linear (position interpolation, m → m/S), ntk "
+                             "(NTK-aware, b → b·S^(d/(d-2))) or yarn (YaRN: θ_i ramped by wavelength, q and k times "
+                             "0.1·ln S + 1)")
+    parser.add_argument("--rope-scaling-factor", action=OneLineFlag, parse=positive(float), metavar="S",
+                        help="RoPE, for decoding longer inputs than training: --rope-scaling's factor S, the "
+                             "longest decoded length over the training length (needed by linear, ntk and yarn)")
+    parser.add_argument("--rope-original-length", action=OneLineFlag, parse=positive(float), metavar="L",
+                        help="RoPE, for decoding longer inputs than training: the training length L (tokens) that "
+                             "yarn's ramp measures wavelengths against (needed by yarn)")
     parser.add_argument("--fire-threshold", action=OneLineFlag, parse=positive(float), metavar="L0",
                         help="FIRE: the threshold L's starting value, L = |λ·L0| with λ learned from 1 (default "
                              "512, the paper's)")
@@ -84,11 +96,14 @@ class FlagError(ValueError):
 # checkpoint's stored arguments hold every flag filled with its default, whatever its scheme.
 # The defaults are position_transformer()'s (below); SHAPE's evaluation offset defaults to its K.
 SCHEME_DEFAULTS = {"t5_num_buckets": 32, "t5_max_distance": 128, "t5_bias_init": "glorot", "rope_base": 10000.0,
+                   "rope_scaling": "none", "rope_scaling_factor": None, "rope_original_length": None,
                    "fire_threshold": 512.0, "shape_max_shift": 100}
 SCHEME_DEFAULTS["shape_eval_offset"] = SCHEME_DEFAULTS["shape_max_shift"]
 SCHEME_FLAGS = tuple((flag, name, SCHEME_DEFAULTS[name], scheme) for flag, name, scheme in (
     ("--t5-num-buckets", "t5_num_buckets", "t5"), ("--t5-max-distance", "t5_max_distance", "t5"),
     ("--t5-bias-init", "t5_bias_init", "t5"), ("--rope-base", "rope_base", "rope"),
+    ("--rope-scaling", "rope_scaling", "rope"), ("--rope-scaling-factor", "rope_scaling_factor", "rope"),
+    ("--rope-original-length", "rope_original_length", "rope"),
     ("--fire-threshold", "fire_threshold", "fire"),
     ("--shape-max-shift", "shape_max_shift", "shape"), ("--shape-eval-offset", "shape_eval_offset", "shape")))
 
@@ -106,6 +121,27 @@ def check_flags_act(args, encoder, decoder):
         if getattr(args, f"{side}_learned_pos", False) and scheme.embedding != "learned":
             raise FlagError(f"--{side}-learned-pos does nothing with the {side}'s position scheme {scheme.name}; "
                             f"for learned positions use --{side}-position-scheme learned on position_transformer")
+
+
+def check_rope_scaling(args):
+    """FlagError (one line) for RoPE's scaling flags that are out of range, missing or would do nothing. Also
+    checked here, not only when parsed: --model-overrides sets them on a checkpoint's arguments unparsed."""
+    kind, factor, length = args.rope_scaling, args.rope_scaling_factor, args.rope_original_length
+    if kind not in ROPE_SCALINGS:
+        raise FlagError(f"--rope-scaling must be one of {', '.join(ROPE_SCALINGS)} (got {kind!r})")
+    for flag, value in (("--rope-scaling-factor", factor), ("--rope-original-length", length)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 < value < float("inf")):
+            raise FlagError(f"{flag} must be a number > 0 (got {value!r})")
+    if kind == "none" and factor is not None:
+        raise FlagError("--rope-scaling-factor does nothing without --rope-scaling linear, ntk or yarn")
+    if kind != "none" and factor is None:
+        raise FlagError(f"--rope-scaling {kind} needs --rope-scaling-factor S (the decoded length over the "
+                        "training length)")
+    if kind == "yarn" and length is None:
+        raise FlagError("--rope-scaling yarn needs --rope-original-length L (the training length, in tokens)")
+    if kind != "yarn" and length is not None:
+        raise FlagError(f"--rope-original-length does nothing with --rope-scaling {kind}: only yarn uses it")
 
 
 def stack_schemes(args):
@@ -209,6 +245,7 @@ class PositionTransformerModel(PluginTransformerModel):
         position_transformer(args)
         encoder, decoder = stack_schemes(args)
         check_flags_act(args, encoder, decoder)
+        check_rope_scaling(args)
         if getattr(args, "arch", None) == POSITION_TRANSFORMER:  # fairseq's base dims: say so, once per build
             logger.warning(f"--arch position_transformer builds fairseq's transformer (base) dims, "
                            f"{args.encoder_layers}+{args.decoder_layers} layers of {args.encoder_embed_dim}, with "
@@ -240,8 +277,11 @@ def position_transformer(args):
     args.position_scheme = getattr(args, "position_scheme", None) or "sinusoidal"
     args.encoder_position_scheme = getattr(args, "encoder_position_scheme", None)
     args.decoder_position_scheme = getattr(args, "decoder_position_scheme", None)
-    for name in ("t5_num_buckets", "t5_max_distance", "t5_bias_init", "rope_base", "fire_threshold"):
+    for name in ("t5_num_buckets", "t5_max_distance", "t5_bias_init", "rope_base", "rope_scaling",
+                 "fire_threshold"):
         setattr(args, name, getattr(args, name, None) or SCHEME_DEFAULTS[name])
+    for name in ("rope_scaling_factor", "rope_original_length"):  # None: not given (checkpoints before them too)
+        setattr(args, name, getattr(args, name, None))
     args.attention_backend = getattr(args, "attention_backend", None) or "sdpa"
     shift = getattr(args, "shape_max_shift", None)
     args.shape_max_shift = SCHEME_DEFAULTS["shape_max_shift"] if shift is None else shift

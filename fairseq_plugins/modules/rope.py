@@ -7,35 +7,78 @@ so that (R_m q)·(R_n k) = q^T R_(n−m) k depends on the offset n − m only. V
 Self-attention only (encoder and decoder): in cross-attention a target position m and a source position n lie
 on different axes, so n − m means nothing.
 
-Mapping to code: ``RoPE.rotate(x, pos)`` applies R_pos to x (B, H, T, d_z) with the angles computed in float32;
+Inference-time scaling, for inputs longer than training (trained on length L, decoding up to L' = s·L; each
+keeps the offset property, as the angle stays (a position) × (a θ_i of its own)):
+- ``linear``, position interpolation (Chen et al. 2023, arXiv 2306.15595): m → m/s.
+- ``ntk``, NTK-aware (bloc97 2023; Peng et al., YaRN §3.2): b → b·s^(d_z/(d_z−2)).
+- ``yarn`` (Peng et al., ICLR 2024, arXiv 2309.00071): by the wavelength λ_i = 2π/θ_i, r_i = L/λ_i,
+  γ(r) = 0 for r < α, 1 for r > β, (r − α)/(β − α) between (α = 1, β = 32), θ_i → (1 − γ(r_i))·θ_i/s + γ(r_i)·θ_i,
+  and the logits divided by t with √(1/t) = 0.1·ln s + 1 (s > 1; 1 otherwise), i.e. q and k each times √(1/t).
+  This is the paper's ramp, linear in r; HF transformers' and vLLM's code ramp linearly in the index i between
+  the (rounded) i where r = β and r = α instead: the same θ outside that band, close inside it.
+
+Mapping to code: ``RoPE.rotate(x, pos)`` applies R_pos to x (B, H, T, d_z) with the angles computed in float32
+(float64 for float64 x); ``theta`` holds θ_i after ``ntk``/``yarn``, ``rotate`` divides the positions (``linear``)
+and multiplies cos and sin by √(1/t) (``yarn``); ``none`` is the unscaled rotation, operation for operation.
 ``PositionalSelfAttention`` rotates q and k before its cache and its fused ``scaled_dot_product_attention``.
 """
 
+import math
+
 import torch
 from torch import Tensor, nn
+
+SCALINGS = ("none", "linear", "ntk", "yarn")
 
 
 class RoPE(nn.Module):
     rotates = True
 
-    def __init__(self, head_dim: int, base: float = 10000.0):
+    def __init__(self, head_dim: int, base: float = 10000.0, scaling: str = "none", factor: float = 1.0,
+                 original_length: float = None, alpha: float = 1.0, beta: float = 32.0):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions: the head dimension must be even, got {head_dim}")
+        if scaling not in SCALINGS:
+            raise ValueError(f"RoPE scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
+        if not 0 < factor < math.inf:
+            raise ValueError(f"RoPE scaling factor must be a number > 0, got {factor}")
+        if scaling == "yarn" and not (original_length or 0) > 0:
+            raise ValueError(f"YaRN needs the training length (original_length > 0), got {original_length}")
+        if scaling == "ntk" and head_dim < 4:  # s^(d/(d−2)) with d = 2 has no value
+            raise ValueError(f"NTK-aware scaling needs a head dimension of 4 or more, got {head_dim}")
         self.head_dim, self.base = head_dim, base
+        self.scaling, self.factor, self.original_length, self.alpha, self.beta = \
+            scaling, factor, original_length, alpha, beta
+        # √(1/t), multiplying q and k alike, so the logits by 1/t
+        self.temperature = 0.1 * math.log(factor) + 1 if scaling == "yarn" and factor > 1 else 1.0
         self._theta = {}  # (device, dtype) → θ: not a buffer, so that model.half() leaves the angles exact
 
     def theta(self, device, dtype) -> Tensor:
         theta = self._theta.get((device, dtype))
         if theta is None:
             exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
-            theta = self._theta[device, dtype] = (self.base ** -exponent).to(device=device, dtype=dtype)
+            base, d, s = self.base, self.head_dim, self.factor
+            if self.scaling == "ntk":
+                base = base * s ** (d / (d - 2))
+            theta = base ** -exponent
+            if self.scaling == "yarn":
+                r = self.original_length * theta / (2 * math.pi)  # L/λ_i: turns of θ_i over the training length
+                gamma = ((r - self.alpha) / (self.beta - self.alpha)).clamp(0, 1)
+                theta = (1 - gamma) * theta / s + gamma * theta
+            theta = self._theta[device, dtype] = theta.to(device=device, dtype=dtype)
         return theta
 
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # angles in float32 at least
-        angle = pos.to(dtype)[:, None] * self.theta(x.device, dtype)[None, :]  # (T, d/2)
-        cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+        pos = pos.to(dtype)
+        if self.scaling == "linear":
+            pos = pos / self.factor
+        angle = pos[:, None] * self.theta(x.device, dtype)[None, :]  # (T, d/2)
+        cos, sin = angle.cos(), angle.sin()
+        if self.temperature != 1.0:
+            cos, sin = cos * self.temperature, sin * self.temperature
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         pairs = x.unflatten(-1, (-1, 2))  # (B, H, T, d/2, 2)
         even, odd = pairs[..., 0], pairs[..., 1]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
