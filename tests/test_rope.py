@@ -19,7 +19,7 @@ from fairseq_plugins.modules.rope import RoPE
 D, BASE, S, L = 16, 10000.0, 4.0, 512  # L = 512: YaRN's r_i = L/λ_i spans > β (i = 0), the ramp and < α (i ≥ 4)
 
 
-# -- float64 references, from the papers' equations ---------------------------------------------------------------
+# -- float64 references, from the papers' equations -------------------------------------------------------------
 
 def theta_naive(i, d=D, base=BASE):
     return base ** (-2 * i / d)
@@ -128,7 +128,7 @@ def test_logits_still_depend_on_the_offset_only(kind):
     assert not torch.allclose(logit(3, 7), logit(3, 8))
 
 
-# -- the flags -------------------------------------------------------------------------------------------------------
+# -- the flags ---------------------------------------------------------------------------------------------------
 
 def test_flags_reach_both_stacks():
     model = tiny_models.build("rope_transformer_tiny", rope_scaling="yarn", rope_scaling_factor=2.0,
@@ -165,8 +165,10 @@ def test_a_bad_value_is_one_line(flags, message, capsys):
 
 @pytest.mark.parametrize("setting,message", [
     ({"rope_scaling": "cubic"}, r"--rope-scaling must be one of none, linear, ntk, yarn \(got 'cubic'\)"),
-    ({"rope_scaling": "linear", "rope_scaling_factor": 0.0}, r"--rope-scaling-factor must be a number > 0 \(got 0.0\)"),
-    ({"rope_scaling": "linear", "rope_scaling_factor": "4"}, r"--rope-scaling-factor must be a number > 0 \(got '4'\)"),
+    ({"rope_scaling": "linear", "rope_scaling_factor": 0.0},
+     r"--rope-scaling-factor must be a number > 0 \(got 0.0\)"),
+    ({"rope_scaling": "linear", "rope_scaling_factor": "4"},  # an override's string: no parser turned it into 4.0
+     r"--rope-scaling-factor must be a number > 0 \(got '4'\)"),
     ({"rope_scaling": "linear"}, r"--rope-scaling linear needs --rope-scaling-factor S"),
     ({"rope_scaling": "yarn", "rope_scaling_factor": 2.0}, r"--rope-scaling yarn needs --rope-original-length L"),
     ({"rope_scaling_factor": 2.0}, r"--rope-scaling-factor does nothing without --rope-scaling linear, ntk or yarn"),
@@ -193,7 +195,7 @@ def test_the_flags_are_refused_without_rope(setting):
         tiny_models.build("alibi_transformer_tiny", **setting)
 
 
-# -- at decode time, on a trained checkpoint --------------------------------------------------------------------------
+# -- at decode time, on a trained checkpoint ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def rope_ckpt(tmp_path_factory):

@@ -15,7 +15,7 @@ keeps the offset property, as the angle stays (a position) × (a θ_i of its own
   γ(r) = 0 for r < α, 1 for r > β, (r − α)/(β − α) between (α = 1, β = 32), θ_i → (1 − γ(r_i))·θ_i/s + γ(r_i)·θ_i,
   and the logits divided by t with √(1/t) = 0.1·ln s + 1 (s > 1; 1 otherwise), i.e. q and k each times √(1/t).
   This is the paper's ramp, linear in r; HF transformers' and vLLM's code ramp linearly in the index i between
-  the (rounded) i where r = β and r = α instead: the same θ outside that band, close inside it.
+  the (rounded) i where r = β and r = α instead: the same θ where r ≤ α or r ≥ β, another blend between.
 
 Mapping to code: ``RoPE.rotate(x, pos)`` applies R_pos to x (B, H, T, d_z) with the angles computed in float32
 (float64 for float64 x); ``theta`` holds θ_i after ``ntk``/``yarn``, ``rotate`` divides the positions (``linear``)
