@@ -276,7 +276,7 @@ def shaw_flex(q: Tensor, k: Tensor, v: Tensor, relative_keys: Optional[Tensor], 
     values = torch.matmul(alpha, _per_head(relative_values, slice(1, 2 * K)).to(work))  # (B, H, T, d)
     for sign, row in ((-1, 0), (1, 2 * K)):  # the clipped tails: keys j ≤ i − k and j ≥ i + k
         tail = _tail(sign, K, T, S, q.device)
-        if not _tail_possible(tail, mask):
+        if not _tail_possible(sign, K, T, S, tail, mask):
             continue
         _, lse_tail = flex(q, k, v, score_mod, buffers, mask, region=tail)
         mass = (lse_tail - lse).exp().unsqueeze(-1)  # A±: (B, H, T, 1); an empty tail's lse is −inf: 0
@@ -291,6 +291,9 @@ def _tail(sign: int, K: int, T: int, S: int, device) -> Tensor:
     return (j <= i - K) if sign < 0 else (j >= i + K)
 
 
-def _tail_possible(tail: Tensor, mask: FlexMask) -> bool:
-    """Whether any query has a key in that tail (the decoder's causal mask leaves the upper one empty)."""
-    return bool((tail if mask.allowed is None else mask.allowed & tail).any())
+def _tail_possible(sign: int, K: int, T: int, S: int, tail: Tensor, mask: FlexMask) -> bool:
+    """Whether any query has a key in that tail (the decoder's causal mask leaves the upper one empty). Without a
+    mask, from the sizes alone (no host sync on CUDA): a query i >= k reaches the lower tail, key j >= k the upper."""
+    if mask.allowed is None:
+        return T > K if sign < 0 else S > K
+    return bool((mask.allowed & tail).any())
