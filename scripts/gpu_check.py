@@ -935,7 +935,7 @@ def calibrate(args):
     cap = args.caps.get("calibrate", DRY_CAPS["calibrate"] if args.dry_run else CALIBRATE_CAP)
     out_dir = Path(args.out_dir)
     report = {"dry_run": args.dry_run, "started": time.time(), "cap_s": cap, "target": LITERATURE_BLEU,
-              "command": "scripts/gpu_check.sh --calibrate" + (" --dry-run" if args.dry_run else ""),
+              "command": args.command,
               "recipe": DRY_CALIBRATE_RECIPE if args.dry_run else CALIBRATE_RECIPE,
               "multi30k": relative(multi30k) if multi30k else "the toy task (no Multi30k here)",
               "rows": [{"model": m, "status": "running"} for m in models]}
@@ -1108,6 +1108,7 @@ def main(argv=None):
             given = given[1:]
         elif not arg.startswith(("--out-dir=", "--data=", "--multi30k=")):
             command_args.append(arg)
+    args.command = " ".join(["scripts/gpu_check.sh", *map(shlex.quote, command_args)])
     if args.section:
         return section_main(args)
     try:
@@ -1143,7 +1144,7 @@ def main(argv=None):
         return 2
     caps = {n: args.caps.get(n, DRY_CAPS[n] if args.dry_run else cap) for n, (_, cap) in SECTIONS.items()}
     report = {"dry_run": args.dry_run, "started": time.time(), "selected": selected, "caps": caps,
-              "command": " ".join(["scripts/gpu_check.sh", *map(shlex.quote, command_args)]), "sections": {},
+              "command": args.command, "sections": {},
               "verdicts": []}
     write_report(report, out_dir, "gpu_check")  # the header first: every section "not run yet"
     data = Path(args.data) if args.data else None
