@@ -9,7 +9,7 @@ from fairseq import options
 
 from conftest import REPO
 from helpers import tiny_models
-from helpers.tiny_models import fixed_batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from helpers.tiny_models import one_thread  # noqa: F401  (an autouse fixture)
 from fairseq_plugins.modules.fire import FIRE
 
 
@@ -67,12 +67,8 @@ def test_initialisation_is_the_papers_code():
 
 
 def test_gradients_reach_theta_c_and_the_threshold_in_both_stacks():
-    model = tiny_models.build("fire_transformer_tiny").double().train()
-    src, lengths, prev = fixed_batch()
-    model(src, lengths, prev)[0].pow(2).mean().backward()
-    for stack in (model.encoder, model.decoder):
-        scheme = stack.position_scheme
-        assert isinstance(scheme, FIRE) and all(layer.self_attn.scheme is scheme for layer in stack.layers)
+    model, stacks = tiny_models.stack_schemes_after_backward("fire_transformer_tiny", FIRE)
+    for stack, scheme in stacks:
         assert scheme.causal == (stack is model.decoder)
         for name, p in scheme.named_parameters():
             assert p.grad is not None and bool((p.grad != 0).any()), name

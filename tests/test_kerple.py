@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import tiny_models
-from helpers.tiny_models import fixed_batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from helpers.tiny_models import one_thread  # noqa: F401  (an autouse fixture)
 from fairseq_plugins.modules.kerple import FLOOR, KerpleLog
 
 
@@ -70,12 +70,8 @@ def test_r1_and_r2_stay_positive_under_any_update():
 
 
 def test_gradients_reach_r1_and_r2_of_both_stacks():
-    model = tiny_models.build("kerple_transformer_tiny").double().train()
-    src, lengths, prev = fixed_batch()
-    model(src, lengths, prev)[0].pow(2).mean().backward()
-    for stack in (model.encoder, model.decoder):
-        scheme = stack.position_scheme
-        assert isinstance(scheme, KerpleLog) and all(layer.self_attn.scheme is scheme for layer in stack.layers)
+    model, stacks = tiny_models.stack_schemes_after_backward("kerple_transformer_tiny", KerpleLog)
+    for _, scheme in stacks:
         for rho in (scheme.rho1, scheme.rho2):
             assert rho.grad is not None and bool((rho.grad != 0).all()), rho.grad
     names = [n for n, _ in model.named_parameters() if "position_scheme" in n]

@@ -72,6 +72,20 @@ def fixed_batch():
     return src, (src != PAD).sum(1), prev
 
 
+def stack_schemes_after_backward(arch, scheme_class):
+    """A float64 `arch` after one backward on fixed_batch(): its encoder and decoder with their score-bias scheme,
+    each stack's one instance shared by every layer."""
+    model = build(arch).double().train()
+    src, lengths, prev = fixed_batch()
+    model(src, lengths, prev)[0].pow(2).mean().backward()
+    stacks = []
+    for stack in (model.encoder, model.decoder):
+        scheme = stack.position_scheme
+        assert isinstance(scheme, scheme_class) and all(layer.self_attn.scheme is scheme for layer in stack.layers)
+        stacks.append((stack, scheme))
+    return model, stacks
+
+
 def assert_incremental_with_reorder_equals_full(model, atol):
     """Beam search's use of a decoder: step by step with incremental state, hypotheses reordered (dropped,
     duplicated, swapped) after step 3, must give the full forward's log-probabilities of the same prefixes."""
