@@ -167,6 +167,33 @@ def test_incremental_decoding_equals_full_forward():
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("no_cross_attention", [False, True])
+def test_each_decoder_forward_binds_all_its_biases_at_once(monkeypatch, no_cross_attention):
+    """A full forward and every incremental step gather all the decoder's biases first (target flow and source
+    flow) and bind them in one call, each driven projection once."""
+    model = floater_model(no_cross_attention=no_cross_attention).eval()
+    dec = model.decoder
+    src, lengths, prev = batch()
+    bind = floater.flows.bind
+    calls = []
+
+    def counting(bindings):
+        calls.append([proj for proj, _ in bindings])
+        return bind(bindings)
+
+    monkeypatch.setattr(floater.flows, "bind", counting, raising=False)
+    enc = model.encoder(src, lengths)
+    calls.clear()
+    with torch.no_grad():
+        dec(prev, enc)
+        state = {}
+        for t in range(3):
+            dec(prev[:, : t + 1], enc, incremental_state=state)
+    driven = [id(p) for p in dec.floater_projections + dec.floater_cross_projections]
+    assert bool(dec.floater_cross_projections) is not no_cross_attention
+    assert [[id(p) for p in call] for call in calls] == [driven] * 4
+
+
 def test_long_incremental_decoding_equals_full_forward(monkeypatch):
     """40 steps: the step bias table kept in the incremental state is outgrown twice (16, 32, 64 rows); every
     step still equals the full forward, and a generation after a parameter change sees the new parameters."""

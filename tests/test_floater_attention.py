@@ -69,8 +69,8 @@ def test_fused_attention_equals_fairseqs_own_path(kind, monkeypatch):
                         lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
 
     def run(need_weights):
-        with floater.bind_position_biases([attention.q_proj], delta[:T, :1], query_rows), \
-                floater.bind_position_biases([attention.k_proj, attention.v_proj], delta[:, 1:], key_rows):
+        with floater.bind(floater.position_bindings([attention.q_proj], delta[:T, :1], query_rows)
+                          + floater.position_bindings([attention.k_proj, attention.v_proj], delta[:, 1:], key_rows)):
             out, _ = attention(x, key, key, key_padding_mask=padding, need_weights=need_weights,
                                static_kv=kind == "cross", attn_mask=causal)
         weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(4), dtype=out.dtype)

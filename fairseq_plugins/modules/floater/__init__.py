@@ -23,10 +23,11 @@ This file is the package's public interface: the model, the scripts and the test
 from .attention import (  # noqa: F401
     PositionBiasedLinear,
     PositionBiasedMultiheadAttention,
-    bind_biases,
-    bind_position_biases,
+    bind,
     enable_position_biases,
+    position_bindings,
     rows_from_padding_mask,
+    step_bindings,
     token_rows,
 )
 from .dynamics import (  # noqa: F401
@@ -47,6 +48,7 @@ from .flows import (  # noqa: F401
     bind_decoder_biases,
     bind_encoder_biases,
     check_decoding_step,
+    decoder_bindings,
     describe_overflow,
     solve_checked,
     solve_flows,

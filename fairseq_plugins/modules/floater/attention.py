@@ -14,8 +14,8 @@ Mapping to code
 - ``enable_position_biases``              gives a fairseq ``MultiheadAttention`` such q/k/v projections
   (``PositionBiasedMultiheadAttention``: torch's fused ``scaled_dot_product_attention`` on them where fairseq
   would use its own fused path).
-- ``bind_position_biases``                hands the projections a flow's output for one forward; ``bind_biases``
-  one decoding step's whole bias.
+- ``position_bindings``, ``step_bindings``   what each projection adds in one forward: a flow's Δb at each
+  token's row, or one decoding step's whole bias; ``bind`` sets them all for one forward.
 - ``token_rows``, ``rows_from_padding_mask``   the grid row of each token (fairseq's position numbering).
 """
 
@@ -31,7 +31,7 @@ from torch import Tensor, nn
 class PositionBiasedLinear(nn.Linear):
     """A Linear map whose bias depends on the token's position: y_i = W x_i + b(0) + Δb(t_i) (eq. 12).
 
-    ``self.bias`` is b(0). Inside ``bind_position_biases`` or ``bind_biases``, ``position_binding`` is either
+    ``self.bias`` is b(0). Inside ``bind``, ``position_binding`` is either
     (Δb rows (P, out_features), the row of each input token (T, B) or (T, 1), or a function returning
     them, called when the projection runs) or the whole bias b(0) + Δb(t) of one position shared by every
     token (a step of incremental decoding); otherwise None and the module is an ordinary Linear.
@@ -135,29 +135,32 @@ def enable_position_biases(attention: MultiheadAttention, names=("q_proj", "k_pr
     return attention
 
 
-def bind_position_biases(projections: List[PositionBiasedLinear], delta: Tensor, rows):
-    """For one forward, projection j adds Δb[:, j] at the row of each token. delta: (P, k, d).
+Bindings = List[Tuple[PositionBiasedLinear, object]]  # (projection, its position_binding) for one forward
+
+
+def position_bindings(projections: List[PositionBiasedLinear], delta: Tensor, rows) -> Bindings:
+    """Projection j adds Δb[:, j] at the row of each token. delta: (P, k, d).
 
     rows: (T, B) or (T, 1) grid rows, or a function returning them (called only if a projection runs).
     """
-    return _bound(projections, [(delta_j, rows) for delta_j in delta.unbind(1)])
+    return list(zip(projections, [(delta_j, rows) for delta_j in delta.unbind(1)]))
 
 
-def bind_biases(projections: List[PositionBiasedLinear], biases: Tensor):
-    """For one forward, projection j's whole bias is biases[j] for every token (k, d): one decoding step."""
-    return _bound(projections, biases.unbind(0))
+def step_bindings(projections: List[PositionBiasedLinear], biases: Tensor) -> Bindings:
+    """Projection j's whole bias is biases[j] for every token (k, d): one decoding step."""
+    return list(zip(projections, biases.unbind(0)))
 
 
 @contextmanager
-def _bound(projections: List[PositionBiasedLinear], bindings):
+def bind(bindings: Bindings):
     """Each projection's ``position_binding`` set for the ``with`` block, then None again."""
     # object.__setattr__: nn.Module's own __setattr__ costs microseconds per call, every decoding step.
-    for proj, binding in zip(projections, bindings):
+    for proj, binding in bindings:
         object.__setattr__(proj, "position_binding", binding)
     try:
         yield
     finally:
-        for proj in projections:
+        for proj, _ in bindings:
             object.__setattr__(proj, "position_binding", None)
 
 

@@ -78,7 +78,7 @@ at Δ/5, the adjoint method and a bias cache refreshed every 400 forwards.
 
 import copy
 import functools
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -86,7 +86,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchdiffeq import odeint, odeint_adjoint
 
-from .attention import bind_biases, bind_position_biases, rows_from_padding_mask, token_rows
+from .attention import Bindings, bind, position_bindings, rows_from_padding_mask, step_bindings, token_rows
 from .dynamics import (
     DEFAULT_SETTINGS,
     FloaterDynamics,
@@ -491,38 +491,45 @@ def bind_encoder_biases(encoder, src_tokens: Tensor):
     src_len = src_tokens.size(1)
     with encoder.floater_positions.forward_pass(src_len) as positions:
         delta = positions.biases(encoder.floater_flow, src_len)
-        with bind_position_biases(encoder.floater_projections, delta, token_rows(src_tokens, encoder.padding_idx)):
+        with bind(position_bindings(encoder.floater_projections, delta, token_rows(src_tokens, encoder.padding_idx))):
             yield
 
 
-@contextmanager
 def bind_decoder_biases(decoder, prev_output_tokens: Tensor, encoder_out, incremental_state):
-    """The decoder's projections biased for one forward (or one incremental decoding step: its token sits at
-    row tgt_len − 1 and takes its whole bias from the table in the incremental state)."""
+    """The decoder's projections biased for one forward (or one incremental decoding step): all its biases
+    gathered in one call (``decoder_bindings``), bound in one context."""
+    return bind(decoder_bindings(decoder, prev_output_tokens, encoder_out, incremental_state))
+
+
+def decoder_bindings(decoder, prev_output_tokens: Tensor, encoder_out, incremental_state) -> Bindings:
+    """What each decoder projection adds in one forward: the target flow's projections at each target token's
+    row, the source flow's (cross-attention k, v) at each source position's row, Δb of both flows from one
+    request to the model's FloaterPositions (one solve, or none). An incremental decoding step takes both
+    from the table in the incremental state (``_step_biases``): its token sits at row tgt_len − 1 and adds
+    that row's whole bias."""
     tgt_len = prev_output_tokens.size(1)
     cross = (decoder.floater_cross_flow is not None and encoder_out is not None
              and len(encoder_out["encoder_out"]) > 0)
     src_len = encoder_out["encoder_out"][0].size(0) if cross else 0
-    with ExitStack() as biases:
-        if incremental_state is not None:
-            saved = _step_biases(decoder, incremental_state, tgt_len, src_len)
-            biases.enter_context(bind_biases(decoder.floater_projections, saved["biases"][tgt_len - 1]))
-            src_delta = saved.get("cross_delta")
-        else:
-            positions = biases.enter_context(decoder.floater_positions.forward_pass(max(tgt_len, src_len)))
+    if incremental_state is not None:
+        saved = _step_biases(decoder, incremental_state, tgt_len, src_len)
+        bindings = step_bindings(decoder.floater_projections, saved["biases"][tgt_len - 1])
+        src_delta = saved.get("cross_delta")
+    else:
+        with decoder.floater_positions.forward_pass(max(tgt_len, src_len)) as positions:
             delta = positions.biases(decoder.floater_flow, tgt_len)
-            rows = token_rows(prev_output_tokens, decoder.padding_idx)
-            biases.enter_context(bind_position_biases(decoder.floater_projections, delta, rows))
             src_delta = positions.biases(decoder.floater_cross_flow, src_len) if cross else None
-        if cross:
-            if len(encoder_out["encoder_padding_mask"]) > 0:
-                # lazily: incremental decoding projects the encoder states on the first step only
-                mask = encoder_out["encoder_padding_mask"][0]
-                src_rows = functools.lru_cache(maxsize=None)(lambda: rows_from_padding_mask(mask))
-            else:
-                src_rows = torch.arange(src_len, device=prev_output_tokens.device).unsqueeze(1)
-            biases.enter_context(bind_position_biases(decoder.floater_cross_projections, src_delta, src_rows))
-        yield
+        bindings = position_bindings(decoder.floater_projections, delta,
+                                     token_rows(prev_output_tokens, decoder.padding_idx))
+    if cross:
+        if len(encoder_out["encoder_padding_mask"]) > 0:
+            # lazily: incremental decoding projects the encoder states on the first step only
+            mask = encoder_out["encoder_padding_mask"][0]
+            src_rows = functools.lru_cache(maxsize=None)(lambda: rows_from_padding_mask(mask))
+        else:
+            src_rows = torch.arange(src_len, device=prev_output_tokens.device).unsqueeze(1)
+        bindings += position_bindings(decoder.floater_cross_projections, src_delta, src_rows)
+    return bindings
 
 
 def _step_biases(decoder, incremental_state, num_positions: int, src_len: int):
