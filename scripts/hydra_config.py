@@ -23,8 +23,10 @@ default), then merges the defaults list in order, then the command-line override
 fills task/criterion/optimizer/... sections from their registered dataclasses. The model section of a legacy
 (argparse) model stays free-form: the architecture function named by `model._name` runs when the model is built.
 Because the schema comes with the primary file, a primary config whose `_self_` came last would reset every
-value its defaults list set; so our cell configs list `_self_` first and keep all values in the parts they
-include (configs/wmt14/README.md).
+value its defaults list set; so configs/wmt14.yaml lists `_self_` first and keeps all values in the parts it
+includes (configs/wmt14/README.md). The scheme configs name their architecture through
+${hydra:runtime.choices...}, which fairseq-hydra-train resolves inside its run: compose sets Hydra's config
+the same way before resolving.
 """
 import argparse
 import copy

@@ -86,7 +86,7 @@ def flatten(section, prefix=""):
 
 
 def test_the_cells_are_the_flat_configs_they_replace():
-    """The composed layout offers exactly the 77 cells the flat configs/wmt14_*.yaml files were."""
+    """The composed layout offers exactly the 77 cells the flat configs/wmt14_*.yaml files of old were."""
     assert CELLS == sorted(FLAT["cells"])
 
 
