@@ -6,7 +6,8 @@
 #                       [--out FILE] [--cpu]
 #
 # 1. checkpoints: those of checkpoints/EXPERIMENT/ (SAVE_DIR overrides), averaged by
-#    scripts/average_checkpoints.py as the experiment's config (configs/EXPERIMENT.yaml, or --config NAME)
+#    scripts/average_checkpoints.py as the experiment's config (the WMT14 cell EXPERIMENT, configs/EXPERIMENT.yaml,
+#    or --config NAME)
 #    keeps them: checkpoint.keep_last_epochs N -> the last N epoch checkpoints; else keep_interval_updates N
 #    (with save_interval_updates) -> the last N update checkpoints; N = 1 -> checkpoint_last.pt alone.
 #    --num-checkpoints / --checkpoint-kind override that; --checkpoint FILE evaluates one file as it is.
@@ -44,7 +45,10 @@ case "$KIND" in ""|epoch|update|last) ;; *) die "--checkpoint-kind must be epoch
 cd "$ROOT"
 export PWD=$ROOT PATH="$ROOT/.venv/bin:$PATH"
 PY=${PY:-python}
-[ -f "configs/$CONFIG.yaml" ] || die "no config configs/$CONFIG.yaml (pass --config NAME)"
+# a config file's name, or a WMT14 cell's (wmt14_en_de_big_rope: configs/wmt14.yaml pair=en_de size=big scheme=rope)
+resolved=$("$PY" scripts/hydra_config.py name "$CONFIG" 2>&1) || die "${resolved#hydra_config.py: } (pass --config NAME)"
+read -r -a words <<< "$resolved"
+CONFIG_DESC="configs/${words[0]}.yaml${words[1]:+ ${words[*]:1}}"
 SAVE=${SAVE_DIR:-$ROOT/checkpoints/$EXP}
 RESULTS=${RESULTS_DIR:-$ROOT/results}
 if [ -z "$OUT" ]; then
@@ -56,7 +60,7 @@ fi
 mapfile -t V < <("$PY" scripts/hydra_config.py get "$CONFIG" task.data task.source_lang task.target_lang \
   generation.beam generation.lenpen checkpoint.keep_last_epochs checkpoint.no_epoch_checkpoints \
   checkpoint.save_interval_updates checkpoint.keep_interval_updates)
-[ ${#V[@]} -eq 9 ] || die "could not read configs/$CONFIG.yaml"
+[ ${#V[@]} -eq 9 ] || die "could not read $CONFIG_DESC"
 BIN=${V[0]} SRC=${V[1]} TGT=${V[2]} BEAM=${V[3]} LENPEN=${V[4]}
 [ -n "$DATA" ] || DATA=$(dirname "$BIN")
 for f in "$DATA/bin/dict.$SRC.txt" "$DATA/spm.model" "$DATA/raw/$SUBSET.$TGT"; do
@@ -104,6 +108,6 @@ commit=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
 [ -z "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit+uncommitted-changes"
 "$PY" scripts/score.py --generate-log "$base.gen" --spm "$DATA/spm.model" --ref "$DATA/raw/$SUBSET.$TGT" \
   --out "$OUT" --hyp-out "$base.hyp" --tokenized-bleu \
-  --meta "experiment=$EXP" "config=configs/$CONFIG.yaml" "testset=$TESTSET" "subset=$SUBSET" \
+  --meta "experiment=$EXP" "config=$CONFIG_DESC" "testset=$TESTSET" "subset=$SUBSET" \
   "checkpoint=$CKPT" "checkpoints_averaged=$AVERAGED" "num_checkpoints_averaged=$N" \
   "beam=$BEAM" "lenpen=$LENPEN" "data=$DATA" "git_commit=$commit"

@@ -6,7 +6,7 @@
 
 `--list paper` prints the experiments of the papers' tables, one a line, each once, in table order (with
 `--testset`, those of the tables on that test set): the cells the WMT14 loop in the README trains and
-evaluates. `--list newer` prints the other configs/wmt14_*.yaml (the newer schemes, which no paper table
+evaluates. `--list newer` prints the other WMT14 cells (configs/wmt14/README.md: the newer schemes, which no paper table
 reports), for their own loop.
 
 The layout and the paper numbers come from results/paper_numbers.json: tables (FLOATER Table 2, Shaw Table 1,
@@ -22,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from tooling import cells
 from tooling.atomic import write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,9 +104,9 @@ def paper_experiments(paper_numbers, testset=None):
 
 
 def newer_experiments(paper_numbers, configs_dir=REPO / "configs"):
-    """The WMT14 configs that no paper table reports (the newer schemes), sorted."""
+    """The WMT14 cells that no paper table reports (the newer schemes), sorted."""
     paper = set(paper_experiments(paper_numbers))
-    return sorted(p.stem for p in Path(configs_dir).glob("wmt14_*.yaml") if p.stem not in paper)
+    return [name for name in cells.wmt14_cells(configs_dir) if name not in paper]
 
 
 def main():

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Train one Hydra config (configs/NAME.yaml) with fairseq-hydra-train on this node's GPUs, or on CPU.
+# Train one Hydra config (a WMT14 cell, or configs/NAME.yaml) with fairseq-hydra-train on this node's GPUs, or on CPU.
 #
 #   scripts/train.sh CONFIG [hydra overrides ...]
 #
-# CONFIG is a config name (wmt14_en_de_base_relative) or a path to one (configs/wmt14_en_de_base_relative.yaml).
-# The experiment is named after the config (EXPERIMENT=... renames it); it writes
+# CONFIG is a WMT14 cell's experiment name (wmt14_en_de_base_relative: configs/wmt14.yaml with pair=en_de
+# size=base scheme=relative), a config name (toy_recipe) or a path to one (configs/toy_recipe.yaml).
+# The experiment is named after it (EXPERIMENT=... renames it); it writes
 #   checkpoints/<experiment>/            checkpoints (checkpoint_last.pt, checkpoint<epoch>.pt, ...)
 #   checkpoints/<experiment>/train.log   everything the run prints (appended by every run)
 #   checkpoints/<experiment>/tb/         tensorboard logs
@@ -36,11 +37,19 @@ case "$CONFIG" in
   */*|*.yaml) CONFIG_DIR=$(cd "$(dirname "$CONFIG")" && pwd); NAME=$(basename "$CONFIG" .yaml) ;;
   *) CONFIG_DIR=$ROOT/configs; NAME=$CONFIG ;;
 esac
-[ -f "$CONFIG_DIR/$NAME.yaml" ] || { echo "train.sh: no config $CONFIG_DIR/$NAME.yaml" >&2; exit 2; }
 cd "$ROOT"
 export PWD=$ROOT  # configs find data/ and fairseq_plugins/ through ${oc.env:PWD}
 export PATH="$ROOT/.venv/bin:$PATH"
 PY=${PY:-python}
+# a config file's name, or a WMT14 cell's (wmt14_en_de_big_rope: --config-name wmt14 pair=en_de size=big scheme=rope)
+if [ -f "$CONFIG_DIR/$NAME.yaml" ]; then
+  HYDRA_ARGS=(--config-name "$NAME")
+else
+  resolved=$("$PY" "$ROOT/scripts/hydra_config.py" name "$NAME" --config-dir "$CONFIG_DIR" 2>&1) ||
+    { echo "train.sh: ${resolved#hydra_config.py: }" >&2; exit 2; }
+  read -r -a words <<< "$resolved"
+  HYDRA_ARGS=(--config-name "${words[0]}" "${words[@]:1}")
+fi
 
 EXP=${EXPERIMENT:-$NAME}
 SAVE=${SAVE_DIR:-$ROOT/checkpoints/$EXP}
@@ -103,9 +112,9 @@ mkdir -p "$SAVE/tb"
 # everything the run prints also goes to SAVE/train.log (appended: one log across restarts)
 exec > >(tee -a "$SAVE/train.log") 2>&1
 "$PY" "$ROOT/scripts/checkpoint_guard.py" "$SAVE"
-echo "train.sh: $(date -Is) $EXP ($CONFIG_DIR/$NAME.yaml) on $WORLD $([ "$CPU" = 1 ] && echo CPU process || echo GPU)(s) -> $SAVE"
+echo "train.sh: $(date -Is) $EXP (${HYDRA_ARGS[*]:1} in $CONFIG_DIR) on $WORLD $([ "$CPU" = 1 ] && echo CPU process || echo GPU)(s) -> $SAVE"
 # exec: under LAUNCHER=srun the caller's signals (scripts/train.sbatch) reach srun directly
-exec "${LAUNCH[@]}" fairseq-hydra-train --config-dir "$CONFIG_DIR" --config-name "$NAME" \
+exec "${LAUNCH[@]}" fairseq-hydra-train --config-dir "$CONFIG_DIR" "${HYDRA_ARGS[@]}" \
   "checkpoint.save_dir=$SAVE" "common.tensorboard_logdir=$SAVE/tb" \
   "distributed_training.distributed_world_size=$WORLD" \
   "hydra.run.dir=$SAVE/hydra/rank\${oc.env:SLURM_PROCID,0}" hydra.job.chdir=false \

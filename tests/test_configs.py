@@ -1,20 +1,27 @@
-"""The WMT14 Hydra configs: every one composes as fairseq-hydra-train composes it, pins the papers'
+"""The WMT14 Hydra configs: every cell (configs/wmt14.yaml with pair, size and scheme) composes as
+fairseq-hydra-train composes it, into exactly the config its flat file of old did, pins the papers'
 hyper-parameters and builds the same model as the command line does for its architecture.
 (scripts/train.sh training a tiny config: tests/test_launchers.py.)
 
 Models are built on torch's meta device (shapes only) over a 1,000-word fake dictionary, so the big ones
 cost nothing."""
+import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
 import yaml
 
-from conftest import REPO, run
+from conftest import BIN, REPO, env, run
 
 import hydra_config
+from tooling import cells
 
-CELLS = sorted(p.stem for p in (REPO / "configs").glob("wmt14_*.yaml"))
+CELLS = cells.wmt14_cells()
+FLAT = json.loads((REPO / "tests" / "data" / "wmt14_cells.json").read_text(encoding="utf-8"))
 VOCAB = 1000  # 996 words + fairseq's 4 specials
 COMMON = {"optimizer.adam_betas": "(0.9,0.98)", "lr_scheduler._name": "inverse_sqrt", "lr_scheduler.warmup_updates": 4000,
           "criterion._name": "label_smoothed_cross_entropy", "criterion.label_smoothing": 0.1, "generation.beam": 4,
@@ -68,10 +75,84 @@ def test_cells_cover_the_tables():
             for s in NEW_SCHEMES} <= set(CELLS)
 
 
+def flatten(section, prefix=""):
+    out = {}
+    for key, val in section.items():
+        if isinstance(val, dict) and val:
+            out.update(flatten(val, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = val
+    return out
+
+
+def test_the_cells_are_the_flat_configs_they_replace():
+    """The composed layout offers exactly the 77 cells the flat configs/wmt14_*.yaml files of old were."""
+    assert CELLS == sorted(FLAT["cells"])
+
+
+@pytest.mark.parametrize("name", CELLS)
+def test_composed_cell_is_exactly_its_flat_config(name, composed):
+    """Every resolved value, defaults included, equals the committed resolution of the cell's flat file."""
+    from omegaconf import OmegaConf
+
+    pwd = os.environ["PWD"]  # what ${oc.env:PWD} gave: the fixture was resolved with PWD=/REPO
+    got = {k: FLAT["pwd"] + v[len(pwd):] if isinstance(v, str) and v.startswith(pwd + "/") else v
+           for k, v in flatten(OmegaConf.to_container(composed(name))).items()}
+    want = {**FLAT["common"], **FLAT["cells"][name]}
+    differences = {k: (got.get(k, "<absent>"), want.get(k, "<absent>")) for k in set(got) | set(want)
+                   if got.get(k, "<absent>") != want.get(k, "<absent>")}
+    assert not differences, f"{name}: (composed, flat) {differences}"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("wmt14_en_fr_big_relative_k4", "wmt14_en_fr_big_relative_k4: scheme=relative_k4 exists for en_de base only, "
+                                    "not pair=en_fr size=big (configs/wmt14/only_en_de_base/)"),
+    ("wmt14_en_de_base_rotary", "wmt14_en_de_base_rotary: no scheme 'rotary' in "),
+    ("wmt14_en_es_base_rope", "wmt14_en_es_base_rope: no pair 'en_es' in "),
+    ("wmt15_en_de_base_rope", "wmt15_en_de_base_rope: no config "),
+])
+def test_a_cell_that_does_not_exist_is_refused_in_one_line(name, message):
+    for cmd in (["name", name], ["get", name, "model._name"]):
+        proc = run([sys.executable, "scripts/hydra_config.py", *cmd], check=False)  # stderr into stdout
+        assert proc.returncode == 1
+        assert proc.stdout.startswith(f"hydra_config.py: {message}") and proc.stdout.count("\n") == 1, proc.stdout
+
+
+def test_fairseq_hydra_train_refuses_a_scheme_at_a_pair_and_size_it_lacks():
+    """Hydra itself, without our scripts: its first line names the scheme, the group and the cell asked for."""
+    proc = run([str(BIN / "fairseq-hydra-train"), "--config-dir", "configs", "--config-name", "wmt14", "pair=en_fr",
+                "size=big", "scheme=relative_k4", "--cfg", "job"], check=False)
+    assert proc.returncode == 1
+    assert "In 'scheme/relative_k4': Could not find 'wmt14/only_en_de_base/en_fr_big'" in proc.stdout, proc.stdout
+
+
+def test_fairseq_hydra_train_resolves_a_cell_as_compose_does(composed):
+    """The architecture name comes through ${hydra:runtime.choices...}: fairseq-hydra-train's own resolution
+    gives the big En-Fr RoPE cell the same model section as hydra_config.compose."""
+    proc = subprocess.run([str(BIN / "fairseq-hydra-train"), "--config-dir", "configs", "--config-name", "wmt14",
+                           "pair=en_fr", "size=big", "scheme=rope", "--cfg", "job", "--resolve"],
+                          cwd=REPO, env=env(), text=True, capture_output=True, check=True)
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["model"] == {"_name": "rope_transformer_vaswani_wmt_en_de_big", "dropout": 0.1,
+                                "share_all_embeddings": True}
+    assert printed["model"] == dict(composed("wmt14_en_fr_big_rope").model)
+
+
+def test_a_new_scheme_is_one_file(tmp_path):
+    """A scheme config added to configs/scheme/ gives its four cells, each with its size's architecture."""
+    config_dir = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", config_dir)
+    (config_dir / "scheme" / "alibi_again.yaml").write_text(
+        "# @package _global_\nmodel:\n  _name: alibi_transformer_${hydra:runtime.choices.wmt14/arch_size}\n")
+    added = sorted(set(cells.wmt14_cells(config_dir)) - set(CELLS))
+    assert added == [f"wmt14_{p}_{s}_alibi_again" for p in ("en_de", "en_fr") for s in ("base", "big")]
+    cfg = hydra_config.compose("wmt14_en_fr_big_alibi_again", config_dir=config_dir)
+    assert (cfg.model._name, cfg.model.dropout, cfg.task.target_lang) == ("alibi_transformer_vaswani_wmt_en_de_big",
+                                                                          0.1, "fr")
+
+
 @pytest.mark.parametrize("name", CELLS)
 def test_cell_composes_with_the_papers_settings(name, composed):
-    raw = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
-    assert set(raw) == {"defaults"} and raw["defaults"][0] == "_self_", "a cell holds only its defaults list, _self_ first"
     cfg = composed(name)
     pair, size, method = parse(name)
     for key, expected in COMMON.items():

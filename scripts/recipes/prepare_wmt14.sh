@@ -30,7 +30,7 @@
 # 40k joint BPE merges for both. One vocabulary per pair serves both papers' tables here; pass --vocab to
 # match one paper exactly (the configs do not depend on it).
 #
-# Output (default --out data/wmt14_en_de or data/wmt14_en_fr, where configs/wmt14/data/*.yaml look):
+# Output (default --out data/wmt14_en_de or data/wmt14_en_fr, where configs/pair/*.yaml look):
 #   OUT/raw/{train,valid,test}.{en,XX}   plain text (test.XX is the sacrebleu reference)
 #   OUT/spm.model, OUT/bin/              sentencepiece model, fairseq data
 # Environment: WORKERS (fairseq-preprocess workers, default 2), SPM_TRAIN_SENTENCES (default 2000000), PY,

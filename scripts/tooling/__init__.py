@@ -6,6 +6,7 @@ scripts/setup_env.sh puts scripts/ on the venv's path for tests and other import
     tooling.bleu     the papers' tokenized BLEU (scripts/tokenized_bleu.py)
     tooling.bench    the benchmark's measurements, phase by phase (scripts/bench.py)
     tooling.bench_report  the benchmark's markdown
+    tooling.cells    the WMT14 cells: experiment names <-> configs/wmt14.yaml's pair, size, scheme (scripts/hydra_config.py)
 
 Command-line entry points stay in scripts/*.py; nothing here runs on import.
 """
