@@ -8,10 +8,11 @@
 #   tests/data/old_checkpoints/make_schemes.sh [COMMIT]      # from the repository root, the venv on PATH
 #
 # Writes schemes/: dict.en.txt, dict.de.txt (one joined dictionary), <fixture>.pt (fairseq-train, 3 updates of a
-# 1+1-layer d = 16 model on make.sh's 48 sentence pairs, no optimizer state; floater_warm.pt converted from
-# sinusoidal.pt by scripts/transformer_to_floater.py), reference.pt (that code's outputs, tests/helpers/
-# old_checkpoints.py: eval-mode log-probabilities on one batch, greedy and beam-3 hypotheses) and manifest.json
-# (the commit, torch and fairseq versions, each fixture's arch and flags, the table's schemes then).
+# 1+1-layer d = 16 model (2+2 where the table below says why) on make.sh's 48 sentence pairs, no optimizer
+# state; floater_warm.pt converted from sinusoidal.pt by scripts/transformer_to_floater.py), reference.pt (that
+# code's outputs, tests/helpers/old_checkpoints.py: eval-mode log-probabilities on one batch, greedy and beam-3
+# hypotheses) and manifest.json (the commit, torch and fairseq versions, each fixture's arch and flags, the
+# table's schemes then).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 COMMIT=$(git -C "$ROOT" rev-parse "${1:-9d4ae10}^{commit}")
