@@ -1,17 +1,27 @@
 """Checkpoints trained by the code before SHAPE's --shape-eval-offset and T5's --t5-bias-init (commit c442711;
 tests/data/old_checkpoints/make.sh remakes them) load with today's code, and translate exactly as the code that
 trained them did: their arguments resolve, T5's table comes from the checkpoint, and SHAPE keeps the protocol it
-was trained with (k ~ U{0..K} in training, k = 0 at evaluation) where a new run follows the authors' code."""
+was trained with (k ~ U{0..K} in training, k = 0 at evaluation) where a new run follows the authors' code.
+
+And checkpoints of every position scheme and model family of 9d4ae10's table (schemes/, remade by
+make_schemes.sh; schemes/manifest.json names the commit, each fixture's arch and flags) load with today's code
+under their registered architecture names, as fairseq-generate loads them, and compute and decode as that
+commit's code did (tests/helpers/old_checkpoints.py: the same procedure for both)."""
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from fairseq import checkpoint_utils
 
+from helpers import old_checkpoints
 from helpers.tiny_models import one_thread  # noqa: F401  (autouse fixture)
 
 HERE = Path(__file__).resolve().parent / "data" / "old_checkpoints"
 REFERENCE = torch.load(HERE / "reference.pt")
+SCHEMES_HERE = HERE / "schemes"
+MANIFEST = json.loads((SCHEMES_HERE / "manifest.json").read_text())
+SCHEMES_REFERENCE = torch.load(SCHEMES_HERE / "reference.pt")
 
 
 def load(scheme):
@@ -60,3 +70,30 @@ def test_an_old_shape_checkpoint_saved_again_keeps_its_protocol():
     assert fresh.state_dict()["encoder.embed_positions.version"].item() == 2
     fresh.load_state_dict(state, model_cfg=cfg.model)
     assert (fresh.encoder.embed_positions.num_shifts, fresh.encoder.embed_positions.eval_offset) == (101, 0)
+
+
+def test_every_scheme_of_the_fixtures_commit_has_a_checkpoint():
+    """The fixtures cover that commit's whole table (make_schemes.sh checks it too; this keeps a deleted file or
+    row from going unnoticed)."""
+    assert set(MANIFEST["table"]) <= set(MANIFEST["fixtures"])
+    assert sorted(p.stem for p in SCHEMES_HERE.glob("*.pt") if p.stem != "reference") == sorted(MANIFEST["fixtures"])
+
+
+@pytest.mark.parametrize("fixture", list(MANIFEST["fixtures"]))
+def test_a_checkpoint_of_every_scheme_computes_and_decodes_as_the_code_that_wrote_it(fixture):
+    """Eval-mode log-probabilities within 1e-6 of the recorded ones (float32: a restructured attention may add the
+    same terms in another order, a few ulps at these magnitudes; a wrong parameter, flag or default moves them by
+    1e-3 and more), and fairseq's incremental greedy and beam-3 decoding: the same tokens, the same step scores."""
+    model, task = old_checkpoints.load(SCHEMES_HERE / f"{fixture}.pt", SCHEMES_HERE)
+    assert model.cfg.arch == MANIFEST["fixtures"][fixture]["arch"]  # loaded under the name it was saved with
+    torch.testing.assert_close(SCHEMES_REFERENCE["src"], old_checkpoints.SRC, rtol=0, atol=0)
+    torch.testing.assert_close(SCHEMES_REFERENCE["prev"], old_checkpoints.PREV, rtol=0, atol=0)
+    got, want = old_checkpoints.outputs(model, task), SCHEMES_REFERENCE[fixture]
+    torch.testing.assert_close(got["eval"], want["eval"], rtol=0, atol=1e-6,
+                               msg=lambda m: f"eval-mode log-probabilities: {m}")
+    for beam in old_checkpoints.BEAMS:
+        for sentence, ((tokens, scores), (want_tokens, want_scores)) in enumerate(zip(got[f"beam{beam}"],
+                                                                                     want[f"beam{beam}"])):
+            assert tokens.tolist() == want_tokens.tolist(), f"beam {beam}, sentence {sentence}"
+            torch.testing.assert_close(scores, want_scores, rtol=0, atol=1e-6,
+                                       msg=lambda m: f"beam {beam}, sentence {sentence}, step scores: {m}")

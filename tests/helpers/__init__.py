@@ -11,4 +11,5 @@ package itself (``fake_cuda`` must load its library before torch).
     fake_cuda/            fake tensors on cuda:0 with a do-nothing C++ device guard
     slurm_cluster         a one-node Slurm cluster for the sbatch tests
     wmt14_mirror          a miniature mirror of the WMT14 archives
+    old_checkpoints       a fixture checkpoint loaded as fairseq-generate loads it, its outputs on one batch
 """
