@@ -76,22 +76,19 @@ def test_an_output_that_stops_after_its_first_sentence_shows_in_the_sentence_rat
     assert length_probe.scores(["a b"], ["c d"])["hyp_ref_sentences"] is None  # references without sentence ends
 
 
-PER_K = 4  # probes per k: every k and the last bucket still hold several, at half the decoding of 8
-
-
 def test_score_a_finished_run(trained, tmp_path):
     data, checkpoint = trained
     out = tmp_path / "runs" / "transformer.seed1.probe.json"
-    printed = run1(probe_cmd(data, checkpoint, out, "--per-k", str(PER_K))).stdout
+    printed = run1(probe_cmd(data, checkpoint, out, "--per-k", "8")).stdout
     result = json.loads(out.read_text())
     # the longest training source as the encoder sees it: the most pieces of a training source + EOS
     pieces = [len(line.split()) for line in (data / "spm" / "train.src").read_text(encoding="utf-8").splitlines()]
     longest = max(pieces) + 1
     assert result["train_longest_source"] == longest
     buckets = result["buckets"]
-    assert sum(b["probes"] for b in buckets) == result["probes"] == PER_K * len(result["ks"])
+    assert sum(b["probes"] for b in buckets) == result["probes"] == 8 * len(result["ks"])
     assert result["ks"] == list(range(1, max(result["ks"]) + 1))
-    assert buckets[-1]["probes"] >= PER_K and buckets[-1]["source_tokens"][0] > 3 * longest
+    assert buckets[-1]["probes"] >= 8 and buckets[-1]["source_tokens"][0] > 3 * longest
     assert result["longest_probe_source"] == max(b["source_tokens"][1] for b in buckets if b["probes"])
     assert result["decoding"] == {"beam": 5, "lenpen": 1.0, "max_len_a": 2, "max_len_b": 10,
                                   "max_source_positions": 1024, "max_target_positions": 1024}
@@ -102,7 +99,7 @@ def test_score_a_finished_run(trained, tmp_path):
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
-    probes = length_probe.make_probes(src, ref, lambda text: len(sp.encode(text)) + 1, longest, PER_K, 3.0, 60)
+    probes = length_probe.make_probes(src, ref, lambda text: len(sp.encode(text)) + 1, longest, 8, 3.0, 60)
     assert len(hyps) == len(probes)
     edges = result["edges"]
     for i, b in enumerate(buckets):
@@ -118,7 +115,7 @@ def test_score_a_finished_run(trained, tmp_path):
     assert [r["k"] for r in result["by_k"]] == result["ks"]
     for row in result["by_k"]:
         idx = [j for j, p in enumerate(probes) if p[0] == row["k"]]
-        assert row["probes"] == len(idx) == PER_K
+        assert row["probes"] == len(idx) == 8
         assert row["source_tokens"] == [min(probes[j][4] for j in idx), max(probes[j][4] for j in idx)]
         assert {key: row[key] for key in ("bleu_tok_lc", "hyp_ref_ratio", "hyp_ref_sentences")} == \
             length_probe.scores([hyps[j] for j in idx], [probes[j][3] for j in idx])
