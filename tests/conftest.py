@@ -120,7 +120,7 @@ def toy_models(toy_data, tmp_path_factory):
 # and a `matrix` test (every model x every precision mode, ...) is slow off its diagonal: the fast loop still
 # sees every model and every mode, once each.
 SLOW_MODULES = {"test_pipeline", "test_learning", "test_hub", "test_multi30k_study", "test_multi30k_study_schemes",
-                "test_multi30k_study_train_short", "test_multi30k_smoke",
+                "test_multi30k_study_train_short", "test_multi30k_study_retrain", "test_multi30k_smoke",
                 "test_resume", "test_distributed", "test_slurm", "test_launchers", "test_precision_decode",
                 "test_gpu_check", "test_gpu_check_calibrate", "test_wmt_pipeline", "test_floater_reproducibility", "test_evaluate",
                 "test_prep_interrupt"}

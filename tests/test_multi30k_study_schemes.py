@@ -3,12 +3,13 @@ run (TABLES_ONLY=1; a run of one model into a shared directory)."""
 import json
 import re
 
-from helpers.study_corpus import corpus, study  # noqa: F401  (corpus: a fixture)
+from helpers.study_corpus import corpus, first_run, start_from, study  # noqa: F401  (fixtures)
 
 
-def test_any_scheme_of_the_table_runs_by_name(corpus, tmp_path):
+def test_any_scheme_of_the_table_runs_by_name(corpus, first_run, tmp_path):
     """MODELS takes every model name of the table of schemes (fairseq_plugins/modules/position_schemes.py): its
     _tiny architecture with the table's flags, and a claim row against the Transformer."""
+    start_from(first_run, tmp_path)  # the shared run of the transformer (seed 1): it is skipped here
     study(corpus, tmp_path, MODELS="transformer rope learned", SEEDS="1")
     runs = tmp_path / "results" / "runs"
     assert json.loads((runs / "rope.seed1.json").read_text())["arch"] == "rope_transformer_tiny"

@@ -4,14 +4,14 @@ import json
 import sys
 
 from conftest import run
-from helpers.study_corpus import corpus, study  # noqa: F401  (corpus: a fixture)
+from helpers.study_corpus import corpus, first_run, start_from, study  # noqa: F401  (fixtures)
 
 
-def test_train_short_test_long_protocol(corpus, tmp_path):
+def test_train_short_test_long_protocol(corpus, first_run, tmp_path):
     """MAX_TRAIN_LEN: training pairs with at most that many source words, BLEU by source length for each run
     and, beside it, for the same model and seed trained on all lengths with the same recipe (the study without
     MAX_TRAIN_LEN); the study table reads only the run results (not the by-length files)."""
-    study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1")
+    start_from(first_run, tmp_path)  # study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1"), shared
     results = tmp_path / "results"
     short = {"MODELS": "transformer", "SEEDS": "1", "JOBS": "1", "MAX_TRAIN_LEN": "10", "EDGES": "1,11,21",
              "DATA_DIR": str(tmp_path / "data10"), "CKPT_ROOT": str(tmp_path / "ckpt10"),

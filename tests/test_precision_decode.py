@@ -8,6 +8,7 @@ import torch
 MIN_IDENTICAL = 0.95  # share of hypotheses identical to float32's
 MAX_BLEU_DROP = 1.0
 SENTENCES = 200
+FLOAT32 = {}  # checkpoint -> its float32 hypotheses of the SENTENCES (this module's tests share them)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -23,7 +24,9 @@ def test_low_precision_decoding_gives_float32s_hypotheses(toy_data, toy_models, 
     model.eval()
     sources = (toy_data / "raw" / "test.src").read_text(encoding="utf-8").splitlines()[:SENTENCES]
     references = (toy_data / "raw" / "test.tgt").read_text(encoding="utf-8").splitlines()[:SENTENCES]
-    fp32 = model.translate(sources, beam=4, lenpen=0.6)
+    if ckpt not in FLOAT32:  # float32's hypotheses once per model: both low precisions compare with them
+        FLOAT32[ckpt] = model.translate(sources, beam=4, lenpen=0.6)
+    fp32 = FLOAT32[ckpt]
     low = model.to(dtype).translate(sources, beam=4, lenpen=0.6)
     assert next(model.parameters()).dtype == dtype
     identical = sum(a == b for a, b in zip(fp32, low)) / len(fp32)

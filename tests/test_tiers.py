@@ -84,6 +84,16 @@ def test_the_tier_clock_only_records_without_its_variable_and_passes_tests_withi
     assert clocked(tmp_path, bound=60).returncode == 0
 
 
+def test_the_tier_clock_lists_the_costliest_tests_with_their_tier(tmp_path):
+    """Without the bound too (make test): each tier's CPU seconds, and the tests that used the most, costliest first."""
+    proc = clocked(tmp_path)
+    assert proc.returncode == 0 and "CPU seconds: " in proc.stdout, proc.stdout
+    listed = proc.stdout.split("tests that used the most CPU seconds", 1)[1].splitlines()[1:4]
+    rows = [(line.split()[-2], line.split()[-1]) for line in listed]
+    assert sorted(rows[:2]) == [("fast", "test_three.py::test_busy"), ("slow", "test_three.py::test_busy_but_marked")]
+    assert rows[2] == ("fast", "test_three.py::test_quick")  # a sleep: next to no CPU
+
+
 def test_the_tier_clock_works_under_workers(tmp_path):
     """With pytest-xdist the controller checks what every worker reports (as make test-fast runs it)."""
     proc = clocked(tmp_path, "-n", "2", bound=0.5)

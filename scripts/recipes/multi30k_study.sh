@@ -54,11 +54,14 @@
 # The runs take hours: to keep them on one fixed version of the code, run the script from a snapshot of a commit
 # (git archive HEAD | tar -x -C SNAP; CODE_VERSION=<commit> DATA_DIR=... CKPT_ROOT=... OUT_DIR=... absolute).
 #
+# PROBE=0 leaves the probe out (gpu_check.py's dry run of the calibration: its untrained models' outputs run to the
+# length cap, and it reads only each run's BLEU).
+#
 # Variables: PAIR (en-de), MODELS, SEEDS (1 2 3), EPOCHS (8), WARMUP (500 updates: with 250 the transformer failed
 # on seed 3, results/multi30k_study/probe.md), LR (0.005), FT_EPOCHS (3), FT_WARMUP (50), AVG (3), FT_AVG (2),
 # VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
 # DEVICE (cpu, the default; cuda: training and decoding on the GPU, JOBS runs sharing it; not part of the recipe),
-# MAX_TRAIN_LEN, MAX_TRAIN_TOKENS, JOIN_TRAIN, EDGES, ALL_LENGTHS_RUNS, SHAPE_K, TABLES_ONLY, MULTI30K_DIR
+# MAX_TRAIN_LEN, MAX_TRAIN_TOKENS, JOIN_TRAIN, EDGES, ALL_LENGTHS_RUNS, SHAPE_K, TABLES_ONLY, PROBE (1), MULTI30K_DIR
 # (../shared/data/multi30k); DATA_DIR, CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN|_tokN[_joined]],
 # checkpoints/multi30k_study[_lenN|_tokN[_joined]], results/multi30k_study[/lenN|/tokN[_joined]]). A finished run records the
 # recipe; asking for another recipe is an error.
@@ -99,6 +102,8 @@ export DEVICE  # train_small.sh and generate.sh: --cpu or not
 [[ $LENPEN =~ ^[0-9]*\.?[0-9]+$ ]] || die "LENPEN=$LENPEN: expected a number"
 [[ -z ${TABLES_ONLY:-} || $TABLES_ONLY == 1 ]] || die "TABLES_ONLY=$TABLES_ONLY: expected 1 (or unset)"
 [[ -z $JOIN_TRAIN || $JOIN_TRAIN == 1 ]] || die "JOIN_TRAIN=$JOIN_TRAIN: expected 1 (or unset)"
+PROBE=${PROBE:-1}
+[[ $PROBE == 0 || $PROBE == 1 ]] || die "PROBE=$PROBE: expected 1 (the length probe after each run) or 0 (none)"
 [[ -z $JOIN_TRAIN || -n $MAX_TRAIN_TOKENS ]] ||
   die "JOIN_TRAIN=1 needs MAX_TRAIN_TOKENS (joins are capped in tokens), e.g. MAX_TRAIN_TOKENS=32 JOIN_TRAIN=1"
 [ -n "${SEEDS// /}" ] || die "SEEDS is empty: expected positive integers, e.g. \"1 2 3\""
@@ -270,7 +275,8 @@ run_one() {
     --run-dir "$dir" --recipe "$RECIPE") || return 1
   case $decision in
     skip) # a run finished before the length probe existed is probed if its evaluated checkpoint is still here
-      if [ -s "$OUT/runs/$name.probe.json" ] || [ ! -s "$dir/average.pt" ] || [ -e "$dir/retrain.txt" ]; then
+      if [ "$PROBE" = 0 ] || [ -s "$OUT/runs/$name.probe.json" ] || [ ! -s "$dir/average.pt" ] ||
+          [ -e "$dir/retrain.txt" ]; then
         echo "== $name: skipped (done: $result)"; return 0
       fi
       probe_only=1 ;;
@@ -323,7 +329,7 @@ run_one() {
     >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
   REUSE=1 SRC=$SRC TGT=$TGT BEAM=$BEAM LENPEN=$LENPEN bash scripts/generate.sh "$DATA" "$dir/average.pt" test \
     "$dir/test.json" >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
-  probe "$dir" "$model" "$name" "$OUT/runs/$name${again:+.retrained}.probe.json" || return 1
+  [ "$PROBE" = 0 ] || probe "$dir" "$model" "$name" "$OUT/runs/$name${again:+.retrained}.probe.json" || return 1
   local record=$result
   if [ -n "$again" ]; then
     # the fine-tunes are compared with the run they continue: on another machine it can differ from the record

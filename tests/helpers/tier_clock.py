@@ -6,7 +6,8 @@ CPU seconds, not wall seconds: what the test's process and every process it star
 system), which a loaded machine does not inflate as it inflates the wall clock; on an idle machine a test that
 runs one thread at a time (make test's workers do) takes about as many wall seconds. A test's own time includes
 the fixtures it is the first to ask for (a module's shared model, the small corpus): what it would cost run
-alone. `pytest` without the variable only records. Under pytest-xdist each worker measures its tests and the
+alone. `pytest` without the variable only records. Either way the summary gives each tier's CPU seconds and the
+tests that used the most (CPU_LIST of them): what to make cheaper first. Under pytest-xdist each worker measures its tests and the
 controller, which sees every worker's reports, does the check."""
 import os
 import resource
@@ -16,6 +17,7 @@ import pytest
 VARIABLE = "TIER_MAX_SECONDS"
 KEY = "cpu_seconds"
 START = pytest.StashKey[float]()
+CPU_LIST = 15
 
 
 def cpu_seconds():
@@ -50,6 +52,8 @@ class TierClock:
             self.slow.add(report.nodeid)
 
     def offenders(self):
+        if self.bound is None:
+            return []
         return sorted(((s, n) for n, s in self.cpu.items() if n not in self.slow and s > self.bound), reverse=True)
 
     @pytest.hookimpl(trylast=True)
@@ -63,6 +67,11 @@ class TierClock:
         slow = [s for n, s in self.cpu.items() if n in self.slow]
         terminalreporter.write_line(f"CPU seconds: {sum(fast):.0f} in {len(fast)} tests not marked slow, "
                                     f"{sum(slow):.0f} in {len(slow)} slow ones")
+        if self.cpu:
+            terminalreporter.section(f"the {min(CPU_LIST, len(self.cpu))} tests that used the most CPU seconds")
+            for nodeid, seconds in sorted(self.cpu.items(), key=lambda item: -item[1])[:CPU_LIST]:
+                tier = "slow" if nodeid in self.slow else "fast"
+                terminalreporter.write_line(f"{seconds:7.1f} CPU s {self.wall[nodeid]:7.1f} s  {tier}  {nodeid}")
         offenders = self.offenders()
         if offenders:
             terminalreporter.section(f"tests not marked slow over {VARIABLE}={self.bound:g} CPU s", red=True)
@@ -73,10 +82,10 @@ class TierClock:
 
 def pytest_configure(config):
     raw = os.environ.get(VARIABLE)
-    if not raw or hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller checks
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller checks
         return
     try:
-        bound = float(raw)
+        bound = float(raw) if raw else None  # None: record and list, fail nothing
     except ValueError:
         raise pytest.UsageError(f"{VARIABLE}={raw}: expected a number of seconds")
     config.pluginmanager.register(TierClock(bound), "tier_clock")
