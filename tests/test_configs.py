@@ -62,7 +62,7 @@ def test_cells_cover_the_tables():
         for size in ("base", "big"):
             assert {f"wmt14_{pair}_{size}_{m}" for m in methods} <= set(CELLS)
     assert {f"wmt14_en_de_base_relative_k{k}" for k in (0, 1, 2, 4, 64, 256)} <= set(CELLS)
-    from fairseq_plugins.modules.position_schemes import NEW_SCHEMES
+    from fairseq_plugins.schemes import NEW_SCHEMES
 
     assert {f"wmt14_{pair}_{size}_{s}" for pair in ("en_de", "en_fr") for size in ("base", "big")
             for s in NEW_SCHEMES} <= set(CELLS)
@@ -164,7 +164,7 @@ def test_model_matches_the_command_line(name, composed, dict_dir):
         if name == "wmt14_en_de_base_transformer":  # the well-known figure: 44.1M + the embeddings
             assert textbook - VOCAB * 512 == 44_138_496
     scheme = re.match(r"(\w+?)_transformer_(wmt_en_de|vaswani_wmt_en_de_big)$", arch)
-    from fairseq_plugins.modules.position_schemes import NEW_SCHEMES
+    from fairseq_plugins.schemes import NEW_SCHEMES
 
     if scheme and scheme.group(1) in NEW_SCHEMES:  # the table's schemes
         big = "big" in arch

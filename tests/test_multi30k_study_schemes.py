@@ -7,7 +7,7 @@ from helpers.study_corpus import corpus, study  # noqa: F401  (corpus: a fixture
 
 
 def test_any_scheme_of_the_table_runs_by_name(corpus, tmp_path):
-    """MODELS takes every model name of the table of schemes (fairseq_plugins/modules/position_schemes.py): its
+    """MODELS takes every model name of the table of schemes (fairseq_plugins/schemes.py): its
     _tiny architecture with the table's flags, and a claim row against the Transformer."""
     study(corpus, tmp_path, MODELS="transformer rope learned", SEEDS="1")
     runs = tmp_path / "results" / "runs"

@@ -1,4 +1,4 @@
-"""The position schemes of the table (fairseq_plugins/modules/position_schemes.py), one contract for all:
+"""The position schemes of the table (fairseq_plugins/schemes.py), one contract for all:
 
 - each attention scheme (T5 bias, ALiBi, KERPLE, FIRE, RoPE) against a naive reference written from its paper's
   equation, loop by loop in float64 (outputs and gradients, with padding and the causal mask);
@@ -33,7 +33,7 @@ from helpers.tiny_models import EOS, PAD, TASK, VOCAB, fixed_batch, one_thread  
 from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
 from fairseq_plugins.modules.fire import FIRE
 from fairseq_plugins.modules.kerple import KerpleLog
-from fairseq_plugins.modules.position_schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
+from fairseq_plugins.schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
     architectures
 from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
 from fairseq_plugins.modules.rope import RoPE
@@ -184,7 +184,7 @@ def test_half_precision_keeps_the_angles_and_slopes_exact():
     torch.manual_seed(0)
     x = torch.randn(1, 1, 1, 64, dtype=torch.float64)
     want = rope_naive(x[0, 0, 0], 1000)
-    got = RoPE(64).half().rotate(x.half(), torch.tensor([1000]))[0, 0, 0].double()
+    got = RoPE(64).half().rotated(x.half(), torch.tensor([1000]))[0, 0, 0].double()
     assert ((got - want).abs() / (want.abs() + 1)).max() < 2e-3
     bias = ALiBi(6).half().score_bias(torch.tensor([1000]), torch.tensor([0]), torch.float32)
     assert bias.dtype == torch.float32 and bias[:, 0, 0].tolist() == [-1000 * m for m in alibi_slopes(6)]
@@ -194,7 +194,7 @@ def test_rope_logits_depend_on_the_offset_only():
     torch.manual_seed(0)
     rope = RoPE(8).double()
     q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
-    logit = lambda m, n: (rope.rotate(q, torch.tensor([m])) * rope.rotate(k, torch.tensor([n]))).sum()  # noqa: E731
+    logit = lambda m, n: (rope.rotated(q, torch.tensor([m])) * rope.rotated(k, torch.tensor([n]))).sum()  # noqa: E731
     torch.testing.assert_close(logit(3, 7), logit(103, 107))
     assert not torch.allclose(logit(3, 7), logit(3, 8))
 

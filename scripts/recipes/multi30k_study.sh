@@ -104,7 +104,7 @@ export DEVICE  # train_small.sh and generate.sh: --cpu or not
 [ -n "${SEEDS// /}" ] || die "SEEDS is empty: expected positive integers, e.g. \"1 2 3\""
 for s in $SEEDS; do [[ $s =~ ^[1-9][0-9]*$ ]] || die "SEEDS=\"$SEEDS\": expected positive integers, got '$s'"; done
 [ -n "${MODELS// /}" ] || die "MODELS is empty: expected some of $(python -m fairseq_plugins models) floater_warm transformer_ft"
-TABLE=" $(python -m fairseq_plugins models) "  # the table of schemes: fairseq_plugins/modules/position_schemes.py
+TABLE=" $(python -m fairseq_plugins models) "  # the table of schemes: fairseq_plugins/schemes.py
 for m in $MODELS; do
   case $m in
     floater_warm|transformer_ft) [[ " $MODELS " == *" transformer "* ]] ||
