@@ -10,8 +10,12 @@
   translates as fairseq-generate; scripting refused in one line; a bad flag is one line; no (B, H, T, T, d)
   tensor in a forward and backward;
 - the table itself: every registered architecture of the plugins is in it and every one it names is registered,
-  with the row's model family.
+  with the row's model family;
+- the contract (``modules/position_scheme.py``): every scheme position_transformer builds is a ``PositionScheme``
+  class; each owns its flags (adds them, validates no other), and one scheme's flag on another's model is
+  refused in one line; a scheme that leaves the hooks out is fairseq's attention.
 """
+import argparse
 import math
 import subprocess
 
@@ -32,7 +36,10 @@ from test_fire import fire_bias_naive, randomised
 from helpers.tiny_models import EOS, PAD, TASK, VOCAB, fixed_batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
 from fairseq_plugins.modules.fire import FIRE
+from fairseq_plugins.flags import FlagError
+from fairseq_plugins.models.position_transformer import PositionTransformerModel, add_position_args
 from fairseq_plugins.modules.kerple import KerpleLog
+from fairseq_plugins.modules.position_scheme import PositionScheme
 from fairseq_plugins.schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
     architectures
 from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
@@ -614,3 +621,104 @@ def test_alibi_encoder_cannot_tell_a_source_from_its_mirror_image():
     alibi, t5 = outputs["alibi_transformer_tiny"], outputs["t5_transformer_tiny"]
     torch.testing.assert_close(alibi[0], alibi[1], rtol=0, atol=1e-6)
     assert (t5[0] - t5[1]).abs().max() > 1e-2
+
+
+# -- the contract: one class per scheme, its own flags ---------------------------------------------------------
+
+STACK_ROWS = [s for s in SCHEMES.values() if s.selectable]
+# a valid value other than the default, per flag of every scheme (a new flag needs one here)
+OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-init": "zeros",
+                "--fire-threshold": "64", "--rope-base": "500", "--rope-scaling": "linear",
+                "--rope-scaling-factor": "2", "--rope-original-length": "100", "--shape-max-shift": "5",
+                "--shape-eval-offset": "7"}
+OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]
+
+
+def test_every_position_transformer_scheme_is_a_position_scheme_class():
+    """A row of position_transformer names a class of the contract (no lambda); the other families' rows none."""
+    assert {s.name for s in STACK_ROWS} >= set(NEW_SCHEMES) | {"sinusoidal", "learned"}
+    for scheme in SCHEMES.values():
+        if scheme.family == POSITION_TRANSFORMER or scheme.name in ("sinusoidal", "learned"):
+            assert isinstance(scheme.cls, type) and issubclass(scheme.cls, PositionScheme), scheme.name
+        else:
+            assert scheme.cls is None, scheme.name
+    assert len({s.cls for s in STACK_ROWS}) == len(STACK_ROWS)  # one class, one row
+
+
+class ReadOnly(argparse.Namespace):
+    """The attributes a check reads."""
+
+    def __init__(self, **values):
+        super().__init__(**values)
+        object.__setattr__(self, "read", set())
+
+    def __getattribute__(self, name):
+        if not name.startswith("__") and name != "read":
+            object.__getattribute__(self, "read").add(name)
+        return object.__getattribute__(self, name)
+
+
+def test_each_scheme_owns_exactly_the_flags_it_validates():
+    """A scheme's add_args adds its flags and no other, with help; its validate reads only those; no flag has two
+    owners; position_transformer's parser has every one of them (and so fairseq-train --help)."""
+    assert sorted(f.flag for _, f in OWNED) == sorted(OTHER_VALUES)  # no two owners; every flag has a value here
+    family = argparse.ArgumentParser()
+    add_position_args(family)
+    for row in STACK_ROWS:
+        parser = argparse.ArgumentParser(add_help=False)
+        row.cls.add_args(parser)
+        own = {f.flag for f in row.cls.flags}
+        assert {o for a in parser._actions for o in a.option_strings} == own, row.name
+        assert all(a.help for a in parser._actions), row.name
+        assert own <= {o for a in family._actions for o in a.option_strings}, row.name
+        filled = argparse.Namespace()
+        for other in STACK_ROWS:
+            other.cls.defaults(filled)
+        args = ReadOnly(**vars(filled))
+        row.cls.validate(args)  # the defaults are valid
+        assert args.read <= {f.dest for f in row.cls.flags}, (row.name, args.read)
+
+
+def _model_args(scheme, *flags):
+    return options.parse_args_and_arch(options.get_training_parser(), _train_argv(
+        POSITION_TRANSFORMER, "--position-scheme", scheme, "--encoder-position-scheme",
+        "sinusoidal" if scheme == "nope" else scheme, *flags))
+
+
+@pytest.mark.parametrize("owner,flag", [(row.name, f.flag) for row, f in OWNED])
+def test_a_flag_of_one_scheme_on_another_is_refused_in_one_line(owner, flag):
+    """Given with a value other than its default, a scheme's flag on a model neither of whose stacks uses the
+    scheme would do nothing: refused in one line naming the flag, its scheme and the model's; on its own scheme's
+    model it is accepted. The other model cycles through the table's schemes from one flag to the next."""
+    others = [s.name for s in STACK_ROWS if s.name != owner]
+    other = others[[f.flag for _, f in OWNED].index(flag) % len(others)]
+    companions = {"--rope-scaling": ("--rope-scaling-factor", "2"), "--rope-scaling-factor": ("--rope-scaling", "linear"),
+                  "--rope-original-length": ("--rope-scaling", "yarn", "--rope-scaling-factor", "2")}.get(flag, ())
+    args = _model_args(owner, flag, OTHER_VALUES[flag], *companions)
+    PositionTransformerModel.prepare_args(args)
+    args = _model_args(other, flag, OTHER_VALUES[flag])
+    with pytest.raises(FlagError) as err:
+        PositionTransformerModel.prepare_args(args)
+    encoder = "sinusoidal" if other == "nope" else other
+    assert str(err.value) == (f"{flag} is a {owner} flag, and this model's position schemes are {encoder} (encoder) "
+                              f"and {other} (decoder): it would do nothing")
+
+
+def test_a_scheme_without_hooks_is_fairseqs_attention():
+    """The contract's defaults (no rotation, no bias) through PositionalSelfAttention's one path are fairseq's own
+    MultiheadAttention, with padding and the causal mask, in full and step by step."""
+    from fairseq.modules import MultiheadAttention
+
+    torch.manual_seed(0)
+    T, B, C, H = 5, 2, 8, 2
+    ours = PositionalSelfAttention(C, H, PositionScheme()).double().eval()
+    theirs = MultiheadAttention(C, H, self_attention=True).double().eval()
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(T, B, C, dtype=torch.float64)
+    padding = torch.zeros(B, T, dtype=torch.bool)
+    padding[1, :2] = True
+    causal = torch.triu(torch.full((T, T), float("-inf"), dtype=torch.float64), 1)
+    for mask in (None, causal):
+        want = theirs(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=False)[0]
+        got = ours(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=False)[0]
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -219,8 +219,8 @@ def test_the_override_at_decode_time_is_position_interpolation(data, rope_ckpt):
     plain, stretched = load(), load(rope_scaling="linear", rope_scaling_factor=S)
     assert stretched.encoder.position_scheme.scaling == "linear"
     for stack in (plain.encoder, plain.decoder):  # the trained model, its positions divided by s by hand
-        rope, rotate = stack.position_scheme, stack.position_scheme.rotate
-        rope.rotate = lambda x, pos, rotate=rotate: rotate(x, pos.double() / S)
+        rope, rotated = stack.position_scheme, stack.position_scheme.rotated
+        rope.rotated = lambda x, pos, rotated=rotated: rotated(x, pos.double() / S)
     src, lengths, prev = tiny_models.fixed_batch()
     with torch.no_grad():
         by_hand, got = plain(src, lengths, prev)[0], stretched(src, lengths, prev)[0]
