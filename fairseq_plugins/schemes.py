@@ -1,7 +1,8 @@
 """The table of position schemes: every scheme the project compares, its kind, paper, architectures and flags.
 
 Every scheme enters a Transformer at one of a few hooks (the kinds):
-- ``embedding``: a position embedding added to the token embeddings (fairseq's sinusoidal and learned; SHAPE),
+- ``embedding``: a position embedding added to the token embeddings (fairseq's sinusoidal and learned; SHAPE, CAPE,
+  randomized positions),
   or to the input of every block (FLOATER's Table 2 baseline, ``transformer_every_layer_pos``);
 - ``score bias``: an additive (heads, T, S) logit bias in self-attention (T5, ALiBi, KERPLE, FIRE);
 - ``rotary``: a rotation of q and k in self-attention (RoPE);
@@ -22,9 +23,11 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Type
 
 from .modules.alibi import ALiBi
+from .modules.cape import CAPE
 from .modules.fire import FIRE
 from .modules.kerple import KerpleLog
 from .modules.position_scheme import Learned, NoPE, PositionScheme, Sinusoidal
+from .modules.randomized_positions import Randomized
 from .modules.rope import RoPE
 from .modules.shape_positions import SHAPE
 from .modules.t5_bias import T5Bias
@@ -62,7 +65,7 @@ class Scheme:
 
     @property
     def embedding(self):
-        """sinusoidal | learned | shape | none: what the stack adds to its token embeddings."""
+        """sinusoidal | learned | shape | cape | randomized | none: what the stack adds to its token embeddings."""
         return self.cls.embedding if self.cls is not None else "none"
 
 
@@ -76,6 +79,10 @@ SCHEMES = {s.name: s for s in (
            "transformer_every_layer_pos", "transformer_every_layer_pos"),
     Scheme("shape", "shape", "embedding", "Kiyono et al., EMNLP 2021 (arXiv 2109.05644)",
            POSITION_TRANSFORMER, "shape_transformer", cls=SHAPE),
+    Scheme("cape", "cape", "embedding", "Likhomanenko et al., NeurIPS 2021 (arXiv 2106.03143)",
+           POSITION_TRANSFORMER, "cape_transformer", cls=CAPE),
+    Scheme("randomized", "randomized", "embedding", "Ruoss et al., ACL 2023 (arXiv 2305.16843)",
+           POSITION_TRANSFORMER, "randomized_transformer", cls=Randomized),
     Scheme("t5", "t5", "score bias", "Raffel et al., JMLR 2020 (arXiv 1910.10683)",
            POSITION_TRANSFORMER, "t5_transformer", cls=T5Bias),
     Scheme("alibi", "alibi", "score bias", "Press et al., ICLR 2022 (arXiv 2108.12409)",

@@ -35,6 +35,7 @@ from helpers import tiny_models
 from test_fire import fire_bias_naive, randomised
 from helpers.tiny_models import EOS, PAD, TASK, VOCAB, fixed_batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
+from fairseq_plugins.modules.cape import CapePositionalEmbedding
 from fairseq_plugins.modules.fire import FIRE
 from fairseq_plugins.flags import FlagError
 from fairseq_plugins.models.position_transformer import PositionTransformerModel, add_position_args
@@ -43,6 +44,7 @@ from fairseq_plugins.modules.position_scheme import PositionScheme
 from fairseq_plugins.schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
     architectures
 from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
+from fairseq_plugins.modules.randomized_positions import RandomizedPositionalEmbedding
 from fairseq_plugins.modules.rope import RoPE
 from fairseq_plugins.modules.shape_positions import ShapePositionalEmbedding
 from fairseq_plugins.modules.t5_bias import T5Bias, relative_bucket
@@ -447,6 +449,14 @@ def sinusoid_naive(position, dim):
     return out
 
 
+def randomized_eval_naive(stack):
+    """Randomized positions at evaluation: s_0 < … < s_{N−1}, one sorted random N-subset of {0..L−1} drawn from a
+    generator seeded with 0 (N: the stack's max positions)."""
+    emb = stack.embed_positions
+    perm = torch.randperm(emb.max_position, generator=torch.Generator().manual_seed(0)).tolist()
+    return sorted(perm[:emb.num_positions])
+
+
 def first_block_input_naive(stack, tokens, embedding, offset):
     """x_t = sqrt(d)·E[w_t] (+ PE(p_t + offset) for an embedding scheme), loop by loop: p_t is fairseq's position
     (padding_idx + the token's rank among the sequence's real tokens: left padding shifts nothing); a pad gets
@@ -462,8 +472,10 @@ def first_block_input_naive(stack, tokens, embedding, offset):
                 continue
             position += 1
             out[b, t] = math.sqrt(dim) * E[word]
-            if embedding in ("sinusoidal", "shape"):
+            if embedding in ("sinusoidal", "shape", "cape"):  # CAPE at evaluation: plain positions
                 out[b, t] += sinusoid_naive(position + offset, dim)
+            elif embedding == "randomized":  # at evaluation: the rank's entry of the one fixed draw
+                out[b, t] += sinusoid_naive(PAD + 1 + randomized_eval_naive(stack)[position - PAD - 1], dim)
             else:
                 assert embedding == "none", embedding
     return out
@@ -505,6 +517,9 @@ def offsets_found(got, references):
     return found
 
 
+RANDOM_IN_TRAINING = ("cape", "randomized")
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_each_stack_adds_to_its_token_embeddings_what_the_table_says(arch):
     """The scheme's ``embedding`` (the encoder's: its ``encoder_partner`` if it has one): sinusoidal adds the
@@ -533,6 +548,9 @@ def test_each_stack_adds_to_its_token_embeddings_what_the_table_says(arch):
     for _ in range(4):
         got = first_block_inputs(model, src, lengths, prev)
         for name, (_, scheme) in stacks.items():
+            if scheme.embedding in RANDOM_IN_TRAINING:  # no offset k: their own references below
+                assert offsets_found(got[name], references[name]) == [None] * 3, (name, scheme.name)
+                continue
             found = offsets_found(got[name], references[name])
             assert None not in found and max_shift not in found, (name, scheme.name, found)  # the others: 0
 
@@ -553,6 +571,102 @@ def test_shape_draws_every_offset_per_sequence_and_stack():
         for b in range(src.size(0)):
             assert {f[b] for f in found} == set(range(max_shift)), (name, b, [f[b] for f in found])
     assert draws["encoder"] != draws["decoder"]
+
+
+def left_padded_tokens():
+    """Three sequences of 6, 4 and 1 real tokens, left-padded as fairseq's sources."""
+    tokens = torch.tensor([[5, 6, 7, 8, 9, EOS], [PAD, PAD, 5, 6, 7, EOS], [PAD] * 5 + [EOS]])
+    return tokens, tokens.ne(PAD)
+
+
+def embedding_naive(tokens, dim, position_of):
+    """PE(padding_idx + 1 + position_of(b, t)) at each real token (t its rank among the sequence's real tokens),
+    zero at pads, in float64."""
+    out = torch.zeros(*tokens.shape, dim, dtype=torch.float64)
+    for b in range(tokens.size(0)):
+        t = 0
+        for col in range(tokens.size(1)):
+            if tokens[b, col] != PAD:
+                out[b, col] = sinusoid_naive(PAD + 1 + position_of(b, t), dim)
+                t += 1
+    return out
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_cape_equals_the_papers_equation(training):
+    """CAPE (Likhomanenko et al. 2021, §3): PE((t + Δ + ε_t)·λ), Δ ~ U(−Δmax, Δmax) and log λ ~ U(−log λmax,
+    log λmax) per sequence, ε_t ~ U(−εmax/2, εmax/2) per token, drawn in that order from torch's generator, in
+    training; plain positions at evaluation (fairseq's sinusoid). Pads get nothing, left padding shifts nothing."""
+    dim, shift, jitter, scaling = 8, 5.0, 0.5, 1.5
+    emb = CapePositionalEmbedding(dim, PAD, 64, shift, jitter, scaling).double().train(training)
+    tokens, _ = left_padded_tokens()
+    B, T = tokens.shape
+    torch.manual_seed(3)
+    got = emb(tokens)
+    torch.manual_seed(3)
+    u_shift, u_jitter, u_scale = torch.rand(B, 1).double(), torch.rand(B, T).double(), torch.rand(B, 1).double()
+    if training:
+        def position_of(b, t):
+            delta = (2 * u_shift[b, 0].item() - 1) * shift
+            eps = (u_jitter[b, t].item() - 0.5) * jitter
+            lam = math.exp((2 * u_scale[b, 0].item() - 1) * math.log(scaling))
+            return (t + delta + eps) * lam
+    else:
+        def position_of(b, t):
+            return t
+    want = embedding_naive(tokens, dim, position_of)
+    # training: the sinusoid computed in the model's dtype; evaluation: fairseq's table, built in float32
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12 if training else 1e-7)
+    plain = SinusoidalPositionalEmbedding(dim, PAD, 64).double()(tokens).double()
+    assert torch.allclose(got, plain, atol=1e-6) != training  # training moves the positions off the integers
+    half = emb.half()(tokens)  # an fp16 model: positions in float32, the embedding in the model's dtype
+    assert half.dtype == torch.float16 and bool(torch.isfinite(half).all())
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_randomized_positions_equal_the_papers_equation(training):
+    """Randomized positions (Ruoss et al. 2023, §3) in training: PE(p_t), p_0 < … < p_{n−1} the sorted first n of
+    a random permutation of {0..L−1} (one per sequence of n real tokens: argsort of torch.rand(B, L)); at
+    evaluation the rank's entry of one sorted random N-subset drawn from seed 0. Pads get nothing, left padding
+    shifts nothing."""
+    dim, L, N = 8, 12, 10
+    emb = RandomizedPositionalEmbedding(dim, PAD, L, N).double().train(training)
+    tokens, real = left_padded_tokens()
+    torch.manual_seed(5)
+    got = emb(tokens)
+    torch.manual_seed(5)
+    scores = torch.rand(tokens.size(0), L)
+    if training:
+        subsets = [sorted(sorted(range(L), key=lambda j: scores[b, j].item())[:int(n)])
+                   for b, n in enumerate(real.sum(1))]
+    else:
+        fixed = sorted(torch.randperm(L, generator=torch.Generator().manual_seed(0))[:N].tolist())
+        subsets = [fixed] * tokens.size(0)
+    assert all(0 <= p < L for subset in subsets for p in subset)
+    want = embedding_naive(tokens, dim, lambda b, t: subsets[b][t])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-7)  # fairseq's table, built in float32
+    if not training:  # L = N: the one draw is 0..N−1, fairseq's sinusoid
+        plain = RandomizedPositionalEmbedding(dim, PAD, N, N).double().eval()(tokens)
+        torch.testing.assert_close(plain, SinusoidalPositionalEmbedding(dim, PAD, 64).double()(tokens).double())
+
+
+def test_randomized_positions_reach_the_whole_range_in_training():
+    """Over draws, a 3-token sequence's positions cover all of 0..L−1, every draw increasing."""
+    L = 16
+    emb = RandomizedPositionalEmbedding(8, PAD, L, L).double().train()
+    table = SinusoidalPositionalEmbedding.get_embedding(PAD + 1 + L, 8, PAD).double()[PAD + 1:]
+    tokens = torch.tensor([[5, 6, EOS]] * 50)
+    torch.manual_seed(0)
+    got = emb(tokens).reshape(-1, 8)
+    positions = torch.cdist(got, table).argmin(1).view(50, 3)
+    assert set(positions.view(-1).tolist()) == set(range(L))
+    assert bool((positions[:, 1:] > positions[:, :-1]).all())
+
+
+def test_randomized_max_position_below_the_longest_sequence_is_one_line():
+    with pytest.raises(FlagError, match=r"^--randomized-max-position must be at least the longest sequence the "
+                                        r"model takes \(1024, --max-source/target-positions\), got 1000$"):
+        build("randomized_transformer_tiny", randomized_max_position=1000)
 
 
 def test_the_nope_decoder_adds_no_position():
@@ -589,6 +703,8 @@ def _train_argv(arch, *flags):
     (("--shape-eval-offset", "x"), "argument --shape-eval-offset: expected an integer, got 'x'"),
     (("--t5-bias-init", "ones"), "argument --t5-bias-init: invalid choice: 'ones' (choose from glorot, normal, zeros)"),
     (("--rope-base", "x"), "argument --rope-base: expected a number, got 'x'"),
+    (("--cape-max-global-scaling", "0.5"), "argument --cape-max-global-scaling: must be >= 1.0, got 0.5"),
+    (("--randomized-max-position", "0"), "argument --randomized-max-position: must be > 0, got 0"),
 ])
 def test_a_bad_flag_is_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -604,7 +720,8 @@ def test_a_bad_flag_is_one_line_from_the_command_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "fairseq-train: error: argument --encoder-position-scheme: invalid choice: 'nope' (choose from sinusoidal, "
-        "learned, shape, t5, alibi, kerple, fire, rope) (an encoder without positions is permutation-invariant)"]
+        "learned, shape, cape, randomized, t5, alibi, kerple, fire, rope) (an encoder without positions is "
+        "permutation-invariant)"]
 
 
 def test_alibi_encoder_cannot_tell_a_source_from_its_mirror_image():
@@ -630,7 +747,8 @@ STACK_ROWS = [s for s in SCHEMES.values() if s.selectable]
 OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-init": "zeros",
                 "--fire-threshold": "64", "--rope-base": "500", "--rope-scaling": "linear",
                 "--rope-scaling-factor": "2", "--rope-original-length": "100", "--shape-max-shift": "5",
-                "--shape-eval-offset": "7"}
+                "--shape-eval-offset": "7", "--cape-max-global-shift": "2", "--cape-max-local-shift": "1",
+                "--cape-max-global-scaling": "1.5", "--randomized-max-position": "4096"}
 OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]
 
 
