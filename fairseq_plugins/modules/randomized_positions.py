@@ -68,8 +68,11 @@ class RandomizedPositionalEmbedding(SinusoidalPositionalEmbedding):
             if self._eval is None or self._eval.device != input.device:
                 self._eval = eval_positions(self.max_position, self.num_positions).to(input.device)
             if incremental_state is not None:  # one decoder step, as fairseq's: the step's rank
-                step = timestep.view(-1)[0] if timestep is not None else seq_len - 1
-                return weights[self.padding_idx + 1 + self._eval[step], :].expand(bsz, 1, -1)
+                # index_select, not weights[tensor]: indexing by a 0-d device tensor reads it on the host
+                step = timestep.view(-1)[:1].long() if timestep is not None else \
+                    torch.full((1,), seq_len - 1, dtype=torch.long, device=input.device)
+                row = self._eval.index_select(0, step) + (self.padding_idx + 1)
+                return weights.index_select(0, row).expand(bsz, 1, -1)
             real = input.ne(self.padding_idx)
             chosen = self._eval[:seq_len].expand(bsz, -1)
         rank = (torch.cumsum(real, dim=1) - 1).clamp(min=0)
