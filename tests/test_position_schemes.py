@@ -747,7 +747,7 @@ STACK_ROWS = [s for s in SCHEMES.values() if s.selectable]
 OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-init": "zeros",
                 "--fire-threshold": "64", "--rope-base": "500", "--rope-scaling": "linear",
                 "--rope-scaling-factor": "2", "--rope-original-length": "100", "--shape-max-shift": "5",
-                "--shape-eval-offset": "7", "--cape-max-global-shift": "2", "--cape-max-local-shift": "1",
+                "--shape-eval-offset": "7", "--cape-max-global-shift": "2", "--cape-max-local-shift": "0.5",
                 "--cape-max-global-scaling": "1.5", "--randomized-max-position": "4096"}
 OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]
 

@@ -1,4 +1,4 @@
-"""CAPE, continuous augmented positional embeddings (Likhomanenko, Xu, Synnaeve, Collobert, Rogozhnikov, Usunier,
+"""CAPE, continuous augmented positional embeddings (Likhomanenko, Xu, Synnaeve, Collobert, Rogozhnikov,
 NeurIPS 2021, arXiv 2106.03143, §3). The sinusoid of continuous positions, augmented in training only::
 
     x_t = E[w_t] · sqrt(d) + PE((t + Δ + ε_t) · λ),   t = 0, 1, …, T − 1 (the token's rank)
@@ -7,16 +7,17 @@ NeurIPS 2021, arXiv 2106.03143, §3). The sinusoid of continuous positions, augm
 
 so that the model cannot rely on absolute positions (global shift), on exact spacing (local shift) or on the
 sequence's length (global scaling). Flags: ``--cape-max-global-shift`` Δmax (default 5), ``--cape-max-local-shift``
-εmax (default 0.5), ``--cape-max-global-scaling`` λmax (≥ 1, default 1.03): the values of the authors' README
-example for 1D sequences (``CAPE1d(d_model=512, max_global_shift=5.0, max_local_shift=0.5,
-max_global_scaling=1.03, normalize=False)``; their constructor's own defaults 0, 0, 1 are no augmentation).
+εmax (default 1: |ε_t| < 1/2, so tokens never swap places), ``--cape-max-global-scaling`` λmax (≥ 1, default
+1.03): the values for text of the CAPE1d implementation's README (github.com/gcambara/cape, PyTorch, reviewed by
+the paper's first author: ``CAPE1d(d_model=512, max_global_shift=5.0, max_local_shift=1.0,
+max_global_scaling=1.03, normalize=False)``); its constructor's own defaults 0, 0, 1 are no augmentation.
 
-As the authors' code (github.com/facebookresearch/cape, ``cape1d.py``): Δ, ε (half-width εmax/2) and log λ as
-above, positions from 0, ``normalize=False`` (no mean-centering: a decoder cannot centre a prefix whose length it
-does not know yet), augmentation in training only. As fairseq's sinusoid instead of theirs (frequencies
-10000^(−2⌊j/2⌋/d), sin and cos interleaved): fairseq's ``SinusoidalPositionalEmbedding`` — position t at
-fairseq's padding_idx + 1 + t, frequencies 10000^(−j/(d/2 − 1)), all sines then all cosines — so that at
-evaluation CAPE is exactly the project's sinusoidal Transformer (and its incremental decoding fairseq's own).
+As that code (``cape/cape1d.py``): Δ, ε (half-width εmax/2) and log λ as above, positions from 0,
+``normalize=False`` (no mean-centering: a decoder cannot centre a prefix whose length it does not know yet),
+augmentation in training only. As fairseq's sinusoid instead of theirs (frequencies 10000^(−2i/d), sin and cos
+interleaved): fairseq's ``SinusoidalPositionalEmbedding`` — position t at fairseq's padding_idx + 1 + t,
+frequencies 10000^(−j/(d/2 − 1)), all sines then all cosines — so that at evaluation CAPE is exactly the project's
+sinusoidal Transformer (and its incremental decoding fairseq's own).
 
 Mapping to code: ``CAPE`` is the scheme (its flags; ``embed`` gives the stack its embedding);
 ``CapePositionalEmbedding`` is fairseq's sinusoid (eval mode: fairseq's forward, untouched) whose training
@@ -82,13 +83,13 @@ class CAPE(PositionScheme):
     flags = (
         Flag("--cape-max-global-shift", at_least(float, 0.0), "DELTA",
              "CAPE: each training sequence's positions shifted by one offset drawn from U(-DELTA, DELTA) "
-             "(default 5, the authors' 1D example; 0: none)", 5.0),
+             "(default 5, the implementation's example for text; 0: none)", 5.0),
         Flag("--cape-max-local-shift", at_least(float, 0.0), "EPS",
-             "CAPE: each training position jittered by U(-EPS/2, EPS/2) (default 0.5, the authors' 1D example; "
-             "0: none)", 0.5),
+             "CAPE: each training position jittered by U(-EPS/2, EPS/2) (default 1, the implementation's "
+             "example for text; 0: none)", 1.0),
         Flag("--cape-max-global-scaling", at_least(float, 1.0), "LAMBDA",
              "CAPE: each training sequence's positions scaled by one λ with log λ ~ U(-log LAMBDA, log LAMBDA) "
-             "(default 1.03, the authors' 1D example; 1: none)", 1.03),
+             "(default 1.03, the implementation's example for text; 1: none)", 1.03),
     )
 
     @classmethod

@@ -73,6 +73,9 @@ class RandomizedPositionalEmbedding(SinusoidalPositionalEmbedding):
                     torch.full((1,), seq_len - 1, dtype=torch.long, device=input.device)
                 row = self._eval.index_select(0, step) + (self.padding_idx + 1)
                 return weights.index_select(0, row).expand(bsz, 1, -1)
+            if seq_len > self.num_positions:
+                raise ValueError(f"a sequence of {seq_len} tokens is longer than the {self.num_positions} positions "
+                                 "of randomized positions at evaluation (--max-source/target-positions)")
             real = input.ne(self.padding_idx)
             chosen = self._eval[:seq_len].expand(bsz, -1)
         rank = (torch.cumsum(real, dim=1) - 1).clamp(min=0)
