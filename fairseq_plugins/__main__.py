@@ -1,4 +1,4 @@
-"""The table of position schemes for shell scripts (``fairseq_plugins/modules/position_schemes.py``)::
+"""The table of position schemes for shell scripts (``fairseq_plugins/schemes.py``)::
 
     python -m fairseq_plugins models              # every scheme's model name, one line
     python -m fairseq_plugins archs [SIZE]        # the architecture of every scheme that has its own, one line
@@ -6,7 +6,7 @@
 """
 import sys
 
-from .modules.position_schemes import MODELS, SCHEMES, arch_and_flags
+from .schemes import MODELS, SCHEMES, arch_and_flags
 
 USAGE = "usage: python -m fairseq_plugins models | archs [SIZE] | arch NAME... [--size SIZE]"
 

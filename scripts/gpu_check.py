@@ -446,7 +446,7 @@ def section_precision(ctx, rows):
     if ctx.dry_run:
         archs, modes, updates = ["rope_transformer_tiny"], ["bf16"], 4
     else:  # every scheme of the table at its tiny size, and FLOATER's graph path
-        from fairseq_plugins.modules.position_schemes import MODELS as SCHEME_MODELS, arch_and_flags
+        from fairseq_plugins.schemes import MODELS as SCHEME_MODELS, arch_and_flags
 
         # FLOATER's graph path is section b's, in fairseq's Trainer in all four modes (decoding never takes it)
         archs = [" ".join(arch_and_flags(name)) for name in SCHEME_MODELS]
@@ -1007,7 +1007,7 @@ def small_multi30k(multi30k, work):
 
 
 def calibrate_models():
-    from fairseq_plugins.modules.position_schemes import MODELS as SCHEME_MODELS
+    from fairseq_plugins.schemes import MODELS as SCHEME_MODELS
 
     return list(SCHEME_MODELS)
 

@@ -343,7 +343,7 @@ def rope_logits_by_distance(model, entry, num_positions, chunk=512):
     """(distances j − i, (H, len)): the first self-attention layer's logit between a word's query at position i and
     the same word's key at position j, averaged over the vocabulary, mean_w (R_i q_h(w))·(R_j k_h(w))·d_z^−½ (a
     function of j − i only), with q, k the layer's projections of the word's scaled embedding, which is that
-    layer's input (RoPE adds nothing to the embeddings). Rotated by the model's own RoPE.rotate."""
+    layer's input (RoPE adds nothing to the embeddings). Rotated by the model's own RoPE.rotated."""
     import torch
 
     stack = getattr(model, entry["part"])
@@ -361,7 +361,7 @@ def rope_logits_by_distance(model, entry, num_positions, chunk=512):
     for x in words.split(chunk):
         q = (attn.q_proj(x) * attn.scaling).view(-1, heads, 1, head_dim)  # (w, H, 1, d_z), at position 0
         k = attn.k_proj(x).view(-1, heads, 1, head_dim).expand(-1, -1, shift.numel(), -1)
-        total += (q * rope.rotate(k.contiguous(), shift)).sum(-1).double().sum(0)  # q·R_(j−i) k
+        total += (q * rope.rotated(k.contiguous(), shift)).sum(-1).double().sum(0)  # q·R_(j−i) k
     return shift.tolist(), total / words.size(0)
 
 

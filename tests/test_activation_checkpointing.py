@@ -11,7 +11,7 @@ from fairseq.modules.checkpoint_activations import _checkpointed_forward
 
 from helpers import tiny_models
 from helpers.tiny_models import batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
-from fairseq_plugins.modules.position_schemes import SCHEMES, by_model
+from fairseq_plugins.schemes import SCHEMES, by_model
 
 FLOATER = by_model("floater").arch("tiny")  # refuses both flags (the last test)
 

@@ -188,7 +188,8 @@ def test_demo_rejects_an_unknown_model_before_writing(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [
         "fairseq_plugins: unknown model 'shaw_transformer_tiny': expected one of transformer, learned, every_layer, "
-        "shape, t5, alibi, kerple, fire, rope, nope, relative, floater or one of their architectures"]
+        "shape, cape, randomized, t5, alibi, kerple, fire, rope, nope, relative, floater or one of their "
+        "architectures"]
     assert not out.exists()
 
 

@@ -69,7 +69,7 @@ def test_cells_cover_the_tables():
         for size in ("base", "big"):
             assert {f"wmt14_{pair}_{size}_{m}" for m in methods} <= set(CELLS)
     assert {f"wmt14_en_de_base_relative_k{k}" for k in (0, 1, 2, 4, 64, 256)} <= set(CELLS)
-    from fairseq_plugins.modules.position_schemes import NEW_SCHEMES
+    from fairseq_plugins.schemes import NEW_SCHEMES
 
     assert {f"wmt14_{pair}_{size}_{s}" for pair in ("en_de", "en_fr") for size in ("base", "big")
             for s in NEW_SCHEMES} <= set(CELLS)
@@ -85,12 +85,33 @@ def flatten(section, prefix=""):
     return out
 
 
+# schemes added after the flat layout: no flat file to compare with, their cells are the transformer's recipe
+LATER_SCHEMES = ("cape", "randomized")
+LATER_CELLS = sorted(f"wmt14_{p}_{s}_{scheme}" for scheme in LATER_SCHEMES for p in ("en_de", "en_fr")
+                     for s in ("base", "big"))
+
+
 def test_the_cells_are_the_flat_configs_they_replace():
-    """The composed layout offers exactly the 77 cells the flat configs/wmt14_*.yaml files of old were."""
-    assert CELLS == sorted(FLAT["cells"])
+    """The composed layout offers the 77 cells the flat configs/wmt14_*.yaml files of old were, and four cells of
+    each scheme added since."""
+    assert sorted(set(CELLS) - set(LATER_CELLS)) == sorted(FLAT["cells"])
+    assert set(LATER_CELLS) <= set(CELLS)
 
 
-@pytest.mark.parametrize("name", CELLS)
+@pytest.mark.parametrize("name", LATER_CELLS)
+def test_a_later_schemes_cell_is_the_transformer_cell_with_its_architecture(name, composed):
+    """A table scheme's cell: the Transformer row's recipe and dims, only the architecture differs (as every table
+    scheme's flat file was)."""
+    from omegaconf import OmegaConf
+
+    scheme = next(s for s in LATER_SCHEMES if name.endswith(f"_{s}"))
+    transformer = name[: -len(scheme)] + "transformer"
+    got, want = (flatten(OmegaConf.to_container(composed(n))) for n in (name, transformer))
+    differences = {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+    assert differences == {"model._name": (f"{scheme}_{want['model._name']}", want["model._name"])}
+
+
+@pytest.mark.parametrize("name", sorted(FLAT["cells"]))
 def test_composed_cell_is_exactly_its_flat_config(name, composed):
     """Every resolved value, defaults included, equals the committed resolution of the cell's flat file."""
     from omegaconf import OmegaConf
@@ -245,7 +266,7 @@ def test_model_matches_the_command_line(name, composed, dict_dir):
         if name == "wmt14_en_de_base_transformer":  # the well-known figure: 44.1M + the embeddings
             assert textbook - VOCAB * 512 == 44_138_496
     scheme = re.match(r"(\w+?)_transformer_(wmt_en_de|vaswani_wmt_en_de_big)$", arch)
-    from fairseq_plugins.modules.position_schemes import NEW_SCHEMES
+    from fairseq_plugins.schemes import NEW_SCHEMES
 
     if scheme and scheme.group(1) in NEW_SCHEMES:  # the table's schemes
         big = "big" in arch

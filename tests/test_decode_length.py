@@ -5,7 +5,7 @@ limit."""
 import pytest
 
 from conftest import BIN
-from fairseq_plugins.modules.position_schemes import SCHEMES
+from fairseq_plugins.schemes import SCHEMES
 from helpers.small_task import run_split, small_data, tiny_checkpoint
 from helpers.tiny_models import build_with_args, one_thread  # noqa: F401  (autouse fixture)
 

@@ -18,7 +18,7 @@ from helpers.small_task import run1, small_data, train_cmd
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 
-from fairseq_plugins.modules.position_schemes import SCHEMES  # noqa: E402
+from fairseq_plugins.schemes import SCHEMES  # noqa: E402
 
 TABLE_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix]  # every scheme with architectures
 # the plugins' (fairseq's own `transformer` scripts: tested above)

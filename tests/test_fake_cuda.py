@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import fake_cuda
-from fairseq_plugins.modules.position_schemes import SCHEMES
+from fairseq_plugins.schemes import SCHEMES
 
 CHILD = fake_cuda.HERE / "check_models.py"
 ARCHS = tuple(s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix)  # every scheme with architectures

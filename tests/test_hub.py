@@ -2,7 +2,7 @@
 fairseq-generate does (same beam, same length penalty)."""
 import pytest
 
-from fairseq_plugins.modules.position_schemes import POSITION_TRANSFORMER, SCHEMES, by_model
+from fairseq_plugins.schemes import POSITION_TRANSFORMER, SCHEMES, by_model
 
 # Every scheme with architectures of its own family; position_transformer's (T5, RoPE, ...): in
 # test_position_schemes.py, from checkpoints of a few updates (a trained one costs minutes per scheme).

@@ -157,7 +157,8 @@ def test_a_run_another_study_process_holds_is_left_to_it(corpus, tmp_path):
      "MAX_TRAIN_LEN=10 and MAX_TRAIN_TOKENS=12: choose one cap (words or tokens)"),
     ({"SEEDS": "1 x"}, "SEEDS=\"1 x\": expected positive integers, got 'x'"),
     ({"MODELS": "transformer shaw"}, "MODELS=\"transformer shaw\": unknown model 'shaw' (expected one of "
-                                     "transformer learned every_layer shape t5 alibi kerple fire rope nope relative floater "
+                                     "transformer learned every_layer shape cape randomized t5 alibi kerple fire rope "
+                                     "nope relative floater "
                                      "floater_warm transformer_ft)"),
     ({"MODELS": "floater_warm"}, "MODELS=\"floater_warm\": floater_warm starts from the transformer of the same "
                                  "seed, so MODELS must list transformer"),

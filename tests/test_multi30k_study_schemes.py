@@ -7,7 +7,7 @@ from helpers.study_corpus import corpus, first_run, start_from, study  # noqa: F
 
 
 def test_any_scheme_of_the_table_runs_by_name(corpus, first_run, tmp_path):
-    """MODELS takes every model name of the table of schemes (fairseq_plugins/modules/position_schemes.py): its
+    """MODELS takes every model name of the table of schemes (fairseq_plugins/schemes.py): its
     _tiny architecture with the table's flags, and a claim row against the Transformer."""
     start_from(first_run, tmp_path)  # the shared run of the transformer (seed 1): it is skipped here
     study(corpus, tmp_path, MODELS="transformer rope learned", SEEDS="1")

@@ -1,4 +1,4 @@
-"""The position schemes of the table (fairseq_plugins/modules/position_schemes.py), one contract for all:
+"""The position schemes of the table (fairseq_plugins/schemes.py), one contract for all:
 
 - each attention scheme (T5 bias, ALiBi, KERPLE, FIRE, RoPE) against a naive reference written from its paper's
   equation, loop by loop in float64 (outputs and gradients, with padding and the causal mask);
@@ -10,8 +10,12 @@
   translates as fairseq-generate; scripting refused in one line; a bad flag is one line; no (B, H, T, T, d)
   tensor in a forward and backward;
 - the table itself: every registered architecture of the plugins is in it and every one it names is registered,
-  with the row's model family.
+  with the row's model family;
+- the contract (``modules/position_scheme.py``): every scheme position_transformer builds is a ``PositionScheme``
+  class; each owns its flags (adds them, validates no other), and one scheme's flag on another's model is
+  refused in one line; a scheme that leaves the hooks out is fairseq's attention.
 """
+import argparse
 import math
 import subprocess
 
@@ -31,11 +35,16 @@ from helpers import tiny_models
 from test_fire import fire_bias_naive, randomised
 from helpers.tiny_models import EOS, PAD, TASK, VOCAB, fixed_batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
+from fairseq_plugins.modules.cape import CapePositionalEmbedding
 from fairseq_plugins.modules.fire import FIRE
+from fairseq_plugins.flags import FlagError
+from fairseq_plugins.models.position_transformer import PositionTransformerModel, add_position_args
 from fairseq_plugins.modules.kerple import KerpleLog
-from fairseq_plugins.modules.position_schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
+from fairseq_plugins.modules.position_scheme import PositionScheme
+from fairseq_plugins.schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
     architectures
 from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
+from fairseq_plugins.modules.randomized_positions import RandomizedPositionalEmbedding
 from fairseq_plugins.modules.rope import RoPE
 from fairseq_plugins.modules.shape_positions import ShapePositionalEmbedding
 from fairseq_plugins.modules.t5_bias import T5Bias, relative_bucket
@@ -184,7 +193,7 @@ def test_half_precision_keeps_the_angles_and_slopes_exact():
     torch.manual_seed(0)
     x = torch.randn(1, 1, 1, 64, dtype=torch.float64)
     want = rope_naive(x[0, 0, 0], 1000)
-    got = RoPE(64).half().rotate(x.half(), torch.tensor([1000]))[0, 0, 0].double()
+    got = RoPE(64).half().rotated(x.half(), torch.tensor([1000]))[0, 0, 0].double()
     assert ((got - want).abs() / (want.abs() + 1)).max() < 2e-3
     bias = ALiBi(6).half().score_bias(torch.tensor([1000]), torch.tensor([0]), torch.float32)
     assert bias.dtype == torch.float32 and bias[:, 0, 0].tolist() == [-1000 * m for m in alibi_slopes(6)]
@@ -194,7 +203,7 @@ def test_rope_logits_depend_on_the_offset_only():
     torch.manual_seed(0)
     rope = RoPE(8).double()
     q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
-    logit = lambda m, n: (rope.rotate(q, torch.tensor([m])) * rope.rotate(k, torch.tensor([n]))).sum()  # noqa: E731
+    logit = lambda m, n: (rope.rotated(q, torch.tensor([m])) * rope.rotated(k, torch.tensor([n]))).sum()  # noqa: E731
     torch.testing.assert_close(logit(3, 7), logit(103, 107))
     assert not torch.allclose(logit(3, 7), logit(3, 8))
 
@@ -440,6 +449,14 @@ def sinusoid_naive(position, dim):
     return out
 
 
+def randomized_eval_naive(stack):
+    """Randomized positions at evaluation: s_0 < … < s_{N−1}, one sorted random N-subset of {0..L−1} drawn from a
+    generator seeded with 0 (N: the stack's max positions)."""
+    emb = stack.embed_positions
+    perm = torch.randperm(emb.max_position, generator=torch.Generator().manual_seed(0)).tolist()
+    return sorted(perm[:emb.num_positions])
+
+
 def first_block_input_naive(stack, tokens, embedding, offset):
     """x_t = sqrt(d)·E[w_t] (+ PE(p_t + offset) for an embedding scheme), loop by loop: p_t is fairseq's position
     (padding_idx + the token's rank among the sequence's real tokens: left padding shifts nothing); a pad gets
@@ -455,8 +472,10 @@ def first_block_input_naive(stack, tokens, embedding, offset):
                 continue
             position += 1
             out[b, t] = math.sqrt(dim) * E[word]
-            if embedding in ("sinusoidal", "shape"):
+            if embedding in ("sinusoidal", "shape", "cape"):  # CAPE at evaluation: plain positions
                 out[b, t] += sinusoid_naive(position + offset, dim)
+            elif embedding == "randomized":  # at evaluation: the rank's entry of the one fixed draw
+                out[b, t] += sinusoid_naive(PAD + 1 + randomized_eval_naive(stack)[position - PAD - 1], dim)
             else:
                 assert embedding == "none", embedding
     return out
@@ -498,6 +517,9 @@ def offsets_found(got, references):
     return found
 
 
+RANDOM_IN_TRAINING = ("cape", "randomized")
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_each_stack_adds_to_its_token_embeddings_what_the_table_says(arch):
     """The scheme's ``embedding`` (the encoder's: its ``encoder_partner`` if it has one): sinusoidal adds the
@@ -526,6 +548,9 @@ def test_each_stack_adds_to_its_token_embeddings_what_the_table_says(arch):
     for _ in range(4):
         got = first_block_inputs(model, src, lengths, prev)
         for name, (_, scheme) in stacks.items():
+            if scheme.embedding in RANDOM_IN_TRAINING:  # no offset k: their own references below
+                assert offsets_found(got[name], references[name]) == [None] * 3, (name, scheme.name)
+                continue
             found = offsets_found(got[name], references[name])
             assert None not in found and max_shift not in found, (name, scheme.name, found)  # the others: 0
 
@@ -546,6 +571,102 @@ def test_shape_draws_every_offset_per_sequence_and_stack():
         for b in range(src.size(0)):
             assert {f[b] for f in found} == set(range(max_shift)), (name, b, [f[b] for f in found])
     assert draws["encoder"] != draws["decoder"]
+
+
+def left_padded_tokens():
+    """Three sequences of 6, 4 and 1 real tokens, left-padded as fairseq's sources."""
+    tokens = torch.tensor([[5, 6, 7, 8, 9, EOS], [PAD, PAD, 5, 6, 7, EOS], [PAD] * 5 + [EOS]])
+    return tokens, tokens.ne(PAD)
+
+
+def embedding_naive(tokens, dim, position_of):
+    """PE(padding_idx + 1 + position_of(b, t)) at each real token (t its rank among the sequence's real tokens),
+    zero at pads, in float64."""
+    out = torch.zeros(*tokens.shape, dim, dtype=torch.float64)
+    for b in range(tokens.size(0)):
+        t = 0
+        for col in range(tokens.size(1)):
+            if tokens[b, col] != PAD:
+                out[b, col] = sinusoid_naive(PAD + 1 + position_of(b, t), dim)
+                t += 1
+    return out
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_cape_equals_the_papers_equation(training):
+    """CAPE (Likhomanenko et al. 2021, §3): PE((t + Δ + ε_t)·λ), Δ ~ U(−Δmax, Δmax) and log λ ~ U(−log λmax,
+    log λmax) per sequence, ε_t ~ U(−εmax/2, εmax/2) per token, drawn in that order from torch's generator, in
+    training; plain positions at evaluation (fairseq's sinusoid). Pads get nothing, left padding shifts nothing."""
+    dim, shift, jitter, scaling = 8, 5.0, 0.5, 1.5
+    emb = CapePositionalEmbedding(dim, PAD, 64, shift, jitter, scaling).double().train(training)
+    tokens, _ = left_padded_tokens()
+    B, T = tokens.shape
+    torch.manual_seed(3)
+    got = emb(tokens)
+    torch.manual_seed(3)
+    u_shift, u_jitter, u_scale = torch.rand(B, 1).double(), torch.rand(B, T).double(), torch.rand(B, 1).double()
+    if training:
+        def position_of(b, t):
+            delta = (2 * u_shift[b, 0].item() - 1) * shift
+            eps = (u_jitter[b, t].item() - 0.5) * jitter
+            lam = math.exp((2 * u_scale[b, 0].item() - 1) * math.log(scaling))
+            return (t + delta + eps) * lam
+    else:
+        def position_of(b, t):
+            return t
+    want = embedding_naive(tokens, dim, position_of)
+    # training: the sinusoid computed in the model's dtype; evaluation: fairseq's table, built in float32
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12 if training else 1e-7)
+    plain = SinusoidalPositionalEmbedding(dim, PAD, 64).double()(tokens).double()
+    assert torch.allclose(got, plain, atol=1e-6) != training  # training moves the positions off the integers
+    half = emb.half()(tokens)  # an fp16 model: positions in float32, the embedding in the model's dtype
+    assert half.dtype == torch.float16 and bool(torch.isfinite(half).all())
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_randomized_positions_equal_the_papers_equation(training):
+    """Randomized positions (Ruoss et al. 2023, §3) in training: PE(p_t), p_0 < … < p_{n−1} the sorted first n of
+    a random permutation of {0..L−1} (one per sequence of n real tokens: argsort of torch.rand(B, L)); at
+    evaluation the rank's entry of one sorted random N-subset drawn from seed 0. Pads get nothing, left padding
+    shifts nothing."""
+    dim, L, N = 8, 12, 10
+    emb = RandomizedPositionalEmbedding(dim, PAD, L, N).double().train(training)
+    tokens, real = left_padded_tokens()
+    torch.manual_seed(5)
+    got = emb(tokens)
+    torch.manual_seed(5)
+    scores = torch.rand(tokens.size(0), L)
+    if training:
+        subsets = [sorted(sorted(range(L), key=lambda j: scores[b, j].item())[:int(n)])
+                   for b, n in enumerate(real.sum(1))]
+    else:
+        fixed = sorted(torch.randperm(L, generator=torch.Generator().manual_seed(0))[:N].tolist())
+        subsets = [fixed] * tokens.size(0)
+    assert all(0 <= p < L for subset in subsets for p in subset)
+    want = embedding_naive(tokens, dim, lambda b, t: subsets[b][t])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-7)  # fairseq's table, built in float32
+    if not training:  # L = N: the one draw is 0..N−1, fairseq's sinusoid
+        plain = RandomizedPositionalEmbedding(dim, PAD, N, N).double().eval()(tokens)
+        torch.testing.assert_close(plain, SinusoidalPositionalEmbedding(dim, PAD, 64).double()(tokens).double())
+
+
+def test_randomized_positions_reach_the_whole_range_in_training():
+    """Over draws, a 3-token sequence's positions cover all of 0..L−1, every draw increasing."""
+    L = 16
+    emb = RandomizedPositionalEmbedding(8, PAD, L, L).double().train()
+    table = SinusoidalPositionalEmbedding.get_embedding(PAD + 1 + L, 8, PAD).double()[PAD + 1:]
+    tokens = torch.tensor([[5, 6, EOS]] * 50)
+    torch.manual_seed(0)
+    got = emb(tokens).reshape(-1, 8)
+    positions = torch.cdist(got, table).argmin(1).view(50, 3)
+    assert set(positions.view(-1).tolist()) == set(range(L))
+    assert bool((positions[:, 1:] > positions[:, :-1]).all())
+
+
+def test_randomized_max_position_below_the_longest_sequence_is_one_line():
+    with pytest.raises(FlagError, match=r"^--randomized-max-position must be at least the longest sequence the "
+                                        r"model takes \(1024, --max-source/target-positions\), got 1000$"):
+        build("randomized_transformer_tiny", randomized_max_position=1000)
 
 
 def test_the_nope_decoder_adds_no_position():
@@ -582,6 +703,8 @@ def _train_argv(arch, *flags):
     (("--shape-eval-offset", "x"), "argument --shape-eval-offset: expected an integer, got 'x'"),
     (("--t5-bias-init", "ones"), "argument --t5-bias-init: invalid choice: 'ones' (choose from glorot, normal, zeros)"),
     (("--rope-base", "x"), "argument --rope-base: expected a number, got 'x'"),
+    (("--cape-max-global-scaling", "0.5"), "argument --cape-max-global-scaling: must be >= 1.0, got 0.5"),
+    (("--randomized-max-position", "0"), "argument --randomized-max-position: must be > 0, got 0"),
 ])
 def test_a_bad_flag_is_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -597,7 +720,8 @@ def test_a_bad_flag_is_one_line_from_the_command_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "fairseq-train: error: argument --encoder-position-scheme: invalid choice: 'nope' (choose from sinusoidal, "
-        "learned, shape, t5, alibi, kerple, fire, rope) (an encoder without positions is permutation-invariant)"]
+        "learned, shape, cape, randomized, t5, alibi, kerple, fire, rope) (an encoder without positions is "
+        "permutation-invariant)"]
 
 
 def test_alibi_encoder_cannot_tell_a_source_from_its_mirror_image():
@@ -614,3 +738,105 @@ def test_alibi_encoder_cannot_tell_a_source_from_its_mirror_image():
     alibi, t5 = outputs["alibi_transformer_tiny"], outputs["t5_transformer_tiny"]
     torch.testing.assert_close(alibi[0], alibi[1], rtol=0, atol=1e-6)
     assert (t5[0] - t5[1]).abs().max() > 1e-2
+
+
+# -- the contract: one class per scheme, its own flags ---------------------------------------------------------
+
+STACK_ROWS = [s for s in SCHEMES.values() if s.selectable]
+# a valid value other than the default, per flag of every scheme (a new flag needs one here)
+OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-init": "zeros",
+                "--fire-threshold": "64", "--rope-base": "500", "--rope-scaling": "linear",
+                "--rope-scaling-factor": "2", "--rope-original-length": "100", "--shape-max-shift": "5",
+                "--shape-eval-offset": "7", "--cape-max-global-shift": "2", "--cape-max-local-shift": "0.5",
+                "--cape-max-global-scaling": "1.5", "--randomized-max-position": "4096"}
+OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]
+
+
+def test_every_position_transformer_scheme_is_a_position_scheme_class():
+    """A row of position_transformer names a class of the contract (no lambda); the other families' rows none."""
+    assert {s.name for s in STACK_ROWS} >= set(NEW_SCHEMES) | {"sinusoidal", "learned"}
+    for scheme in SCHEMES.values():
+        if scheme.family == POSITION_TRANSFORMER or scheme.name in ("sinusoidal", "learned"):
+            assert isinstance(scheme.cls, type) and issubclass(scheme.cls, PositionScheme), scheme.name
+        else:
+            assert scheme.cls is None, scheme.name
+    assert len({s.cls for s in STACK_ROWS}) == len(STACK_ROWS)  # one class, one row
+
+
+class ReadOnly(argparse.Namespace):
+    """The attributes a check reads."""
+
+    def __init__(self, **values):
+        super().__init__(**values)
+        object.__setattr__(self, "read", set())
+
+    def __getattribute__(self, name):
+        if not name.startswith("__") and name != "read":
+            object.__getattribute__(self, "read").add(name)
+        return object.__getattribute__(self, name)
+
+
+def test_each_scheme_owns_exactly_the_flags_it_validates():
+    """A scheme's add_args adds its flags and no other, with help; its validate reads only those; no flag has two
+    owners; position_transformer's parser has every one of them (and so fairseq-train --help)."""
+    assert sorted(f.flag for _, f in OWNED) == sorted(OTHER_VALUES)  # no two owners; every flag has a value here
+    family = argparse.ArgumentParser()
+    add_position_args(family)
+    for row in STACK_ROWS:
+        parser = argparse.ArgumentParser(add_help=False)
+        row.cls.add_args(parser)
+        own = {f.flag for f in row.cls.flags}
+        assert {o for a in parser._actions for o in a.option_strings} == own, row.name
+        assert all(a.help for a in parser._actions), row.name
+        assert own <= {o for a in family._actions for o in a.option_strings}, row.name
+        filled = argparse.Namespace()
+        for other in STACK_ROWS:
+            other.cls.defaults(filled)
+        args = ReadOnly(**vars(filled))
+        row.cls.validate(args)  # the defaults are valid
+        assert args.read <= {f.dest for f in row.cls.flags}, (row.name, args.read)
+
+
+def _model_args(scheme, *flags):
+    return options.parse_args_and_arch(options.get_training_parser(), _train_argv(
+        POSITION_TRANSFORMER, "--position-scheme", scheme, "--encoder-position-scheme",
+        "sinusoidal" if scheme == "nope" else scheme, *flags))
+
+
+@pytest.mark.parametrize("owner,flag", [(row.name, f.flag) for row, f in OWNED])
+def test_a_flag_of_one_scheme_on_another_is_refused_in_one_line(owner, flag):
+    """Given with a value other than its default, a scheme's flag on a model neither of whose stacks uses the
+    scheme would do nothing: refused in one line naming the flag, its scheme and the model's; on its own scheme's
+    model it is accepted. The other model cycles through the table's schemes from one flag to the next."""
+    others = [s.name for s in STACK_ROWS if s.name != owner]
+    other = others[[f.flag for _, f in OWNED].index(flag) % len(others)]
+    companions = {"--rope-scaling": ("--rope-scaling-factor", "2"), "--rope-scaling-factor": ("--rope-scaling", "linear"),
+                  "--rope-original-length": ("--rope-scaling", "yarn", "--rope-scaling-factor", "2")}.get(flag, ())
+    args = _model_args(owner, flag, OTHER_VALUES[flag], *companions)
+    PositionTransformerModel.prepare_args(args)
+    args = _model_args(other, flag, OTHER_VALUES[flag])
+    with pytest.raises(FlagError) as err:
+        PositionTransformerModel.prepare_args(args)
+    encoder = "sinusoidal" if other == "nope" else other
+    assert str(err.value) == (f"{flag} is a {owner} flag, and this model's position schemes are {encoder} (encoder) "
+                              f"and {other} (decoder): it would do nothing")
+
+
+def test_a_scheme_without_hooks_is_fairseqs_attention():
+    """The contract's defaults (no rotation, no bias) through PositionalSelfAttention's one path are fairseq's own
+    MultiheadAttention, with padding and the causal mask, in full and step by step."""
+    from fairseq.modules import MultiheadAttention
+
+    torch.manual_seed(0)
+    T, B, C, H = 5, 2, 8, 2
+    ours = PositionalSelfAttention(C, H, PositionScheme()).double().eval()
+    theirs = MultiheadAttention(C, H, self_attention=True).double().eval()
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(T, B, C, dtype=torch.float64)
+    padding = torch.zeros(B, T, dtype=torch.bool)
+    padding[1, :2] = True
+    causal = torch.triu(torch.full((T, T), float("-inf"), dtype=torch.float64), 1)
+    for mask in (None, causal):
+        want = theirs(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=False)[0]
+        got = ours(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=False)[0]
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

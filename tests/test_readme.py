@@ -103,7 +103,7 @@ def test_the_wmt14_loop_trains_and_evaluates_exactly_the_papers_cells(tmp_path):
 
 def test_the_newer_schemes_loop_runs_the_other_configs():
     """The newer schemes' loop takes the WMT14 configs that no paper table reports, and only those."""
-    from fairseq_plugins.modules.position_schemes import NEW_SCHEMES
+    from fairseq_plugins.schemes import NEW_SCHEMES
 
     loop = block_with(README.read_text(encoding="utf-8"), "bash", "--list newer")
     assert "scripts/train.sh" in loop

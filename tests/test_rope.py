@@ -69,7 +69,7 @@ def test_rotation_is_the_papers_equation(kind):
     torch.manual_seed(0)
     positions = [0, 1, 7, 100, 2047]
     x = torch.randn(2, 1, len(positions), D, dtype=torch.float64)
-    got = scaled(kind).rotate(x, torch.tensor(positions))
+    got = scaled(kind).rotated(x, torch.tensor(positions))
     for b in range(2):
         for t, m in enumerate(positions):
             torch.testing.assert_close(got[b, 0, t], rotate_naive(kind, x[b, 0, t], m), rtol=1e-12, atol=1e-12)
@@ -80,7 +80,7 @@ def test_yarn_temperature_scales_the_logits_by_1_over_t():
     torch.manual_seed(0)
     q, k = torch.randn(1, 1, 1, D, dtype=torch.float64), torch.randn(1, 1, 1, D, dtype=torch.float64)
     rope, pos = scaled("yarn", s=8.0), torch.tensor([5])
-    logit = (rope.rotate(q, pos) * rope.rotate(k, pos)).sum()
+    logit = (rope.rotated(q, pos) * rope.rotated(k, pos)).sum()
     torch.testing.assert_close(logit, (q * k).sum() * (0.1 * math.log(8.0) + 1) ** 2, rtol=1e-12, atol=0)
     assert scaled("yarn", s=1.0).temperature == scaled("yarn", s=0.5).temperature == 1.0  # s ≤ 1: none
 
@@ -103,7 +103,7 @@ def test_none_is_the_rotation_before_the_flags_bit_for_bit(dtype):
     x, pos = torch.randn(2, 3, 50, 64).to(dtype), torch.arange(1000, 1050)
     want = rotate_before_scaling(RoPE(64), x, pos)
     for rope in (RoPE(64), RoPE(64, scaling="none"), RoPE(64, scaling="none", factor=1.0)):
-        assert torch.equal(rope.rotate(x, pos), want)
+        assert torch.equal(rope.rotated(x, pos), want)
 
 
 def test_a_model_without_the_flags_is_the_model_with_none():
@@ -120,7 +120,7 @@ def test_logits_still_depend_on_the_offset_only(kind):
     q, k = torch.randn(1, 1, 1, D, dtype=torch.float64), torch.randn(1, 1, 1, D, dtype=torch.float64)
 
     def logit(m, n):
-        return (rope.rotate(q, torch.tensor([m])) * rope.rotate(k, torch.tensor([n]))).sum()
+        return (rope.rotated(q, torch.tensor([m])) * rope.rotated(k, torch.tensor([n]))).sum()
 
     for m, n in ((3, 7), (7, 3), (0, 600)):
         for shift in (1, 100, 1500):
@@ -219,8 +219,8 @@ def test_the_override_at_decode_time_is_position_interpolation(data, rope_ckpt):
     plain, stretched = load(), load(rope_scaling="linear", rope_scaling_factor=S)
     assert stretched.encoder.position_scheme.scaling == "linear"
     for stack in (plain.encoder, plain.decoder):  # the trained model, its positions divided by s by hand
-        rope, rotate = stack.position_scheme, stack.position_scheme.rotate
-        rope.rotate = lambda x, pos, rotate=rotate: rotate(x, pos.double() / S)
+        rope, rotated = stack.position_scheme, stack.position_scheme.rotated
+        rope.rotated = lambda x, pos, rotated=rotated: rotated(x, pos.double() / S)
     src, lengths, prev = tiny_models.fixed_batch()
     with torch.no_grad():
         by_hand, got = plain(src, lengths, prev)[0], stretched(src, lengths, prev)[0]

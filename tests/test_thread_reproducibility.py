@@ -4,7 +4,7 @@ a scheme whose backward accumulates in a thread-scheduled order would give anoth
 import pytest
 import torch
 
-from fairseq_plugins.modules.position_schemes import SCHEMES
+from fairseq_plugins.schemes import SCHEMES
 from helpers import tiny_models
 from helpers.tiny_models import one_thread  # noqa: F401  (autouse fixture: 1 thread outside the test)
 

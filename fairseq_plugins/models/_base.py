@@ -46,7 +46,7 @@ def _stack_limit(stack):
 class PluginTransformerModel(TransformerModel):
     encoder_class = decoder_class = None  # TransformerEncoderBase / TransformerDecoderBase subclasses
     not_scriptable = ""  # why torch.jit.script cannot export the family, for its one-line error
-    scheme = None  # the family's position scheme (position_schemes.SCHEMES), both stacks
+    scheme = None  # the family's position scheme (fairseq_plugins/schemes.py: SCHEMES), both stacks
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)

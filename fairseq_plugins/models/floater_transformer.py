@@ -36,7 +36,7 @@ from fairseq.models.transformer import (
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ._base import PluginTransformerModel
-from ._config import OneLineFlag, one_of, positive
+from ..flags import OneLineFlag, one_of, positive
 from ..modules.floater import (
     DEFAULT_SETTINGS,
     SOLVER_NAMES,

@@ -18,7 +18,9 @@ import math
 from typing import List
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from .position_scheme import PositionScheme
 
 
 def alibi_slopes(num_heads: int) -> List[float]:
@@ -31,8 +33,10 @@ def alibi_slopes(num_heads: int) -> List[float]:
     return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
 
 
-class ALiBi(nn.Module):
-    rotates = False
+class ALiBi(PositionScheme):
+    @classmethod
+    def build(cls, cfg, heads, head_dim, causal):
+        return cls(heads)
 
     def __init__(self, num_heads: int):
         super().__init__()

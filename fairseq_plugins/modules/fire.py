@@ -29,11 +29,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..flags import Flag, positive
+from .position_scheme import PositionScheme
+
 EPS = 1e-6  # the reference code's, added to the normaliser
 
 
-class FIRE(nn.Module):
-    rotates = False
+class FIRE(PositionScheme):
+    flags = (Flag("--fire-threshold", positive(float), "L0", "FIRE: the threshold L's starting value, L = |λ·L0| with "
+                  "λ learned from 1 (default 512, the paper's)", 512.0),)
+
+    @classmethod
+    def build(cls, cfg, heads, head_dim, causal):
+        return cls(heads, causal, threshold=cfg.fire_threshold)
 
     def __init__(self, num_heads: int, causal: bool, threshold: float = 512.0, mlp_width: int = 32,
                  init_c: float = 0.1):

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .position_scheme import PositionScheme
+
 FLOOR = 0.01  # the authors' code: both parameters clamped to >= 1e-2
 
 
@@ -36,8 +38,10 @@ def inverse_softplus(r: Tensor) -> Tensor:
     return r + torch.log(-torch.expm1(-r))
 
 
-class KerpleLog(nn.Module):
-    rotates = False
+class KerpleLog(PositionScheme):
+    @classmethod
+    def build(cls, cfg, heads, head_dim, causal):
+        return cls(heads)
 
     def __init__(self, num_heads: int):
         super().__init__()

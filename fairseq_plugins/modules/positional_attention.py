@@ -1,15 +1,16 @@
-"""Self-attention with a position scheme's hook: a logit bias (T5, ALiBi) or a rotation of q and k (RoPE).
+"""Self-attention with a position scheme's hooks (``position_scheme.py``), always in this order: a rotation of q
+and k (RoPE), then a logit bias (T5, ALiBi, KERPLE, FIRE).
 
     e_ij = (R_i q_i)·(R_j k_j) / sqrt(d_z) + bias_h(i, j) + mask_ij,   out_i = Σ_j softmax_j(e_ij) v_j
 
-with R = identity for score-bias schemes and bias = 0 for rotary ones (each scheme's module gives its maths).
+with R = identity and bias = 0 where the scheme leaves the hook out (each scheme's module gives its maths).
 Positions are token indices in the padded sequence (0..T−1; during incremental decoding the step's index,
 from the cached keys' length): only differences i − j enter, so fairseq's left-padded sources give each
 sentence the same logits as alone.
 
 Mapping to code: ``PositionalSelfAttention`` is fairseq's ``MultiheadAttention`` (same parameters, names and
-incremental-state layout, so fairseq's beam reordering works unchanged) whose forward projects q, k, v, applies
-``scheme.rotate`` to q and k (before caching k), and calls torch's fused ``scaled_dot_product_attention`` with
+incremental-state layout, so fairseq's beam reordering works unchanged) whose forward projects q, k, v, calls
+``scheme.rotate(q, k, positions)`` (before caching k), and calls torch's fused ``scaled_dot_product_attention`` with
 the scheme's bias added to fairseq's masks as one float mask (H, T, S) (or (B, H, T, S) with padding); the
 explicit softmax path runs only when the attention weights are asked for. ``attention_backend="flex"``
 (``--attention-backend flex``) runs the score biases through FlexAttention instead (``fused_attention.py``),
@@ -53,8 +54,7 @@ class PositionalSelfAttention(MultiheadAttention):
         saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         start = saved["prev_key"].size(2) if saved is not None and "prev_key" in saved else 0
         positions = torch.arange(start, start + tgt_len, device=query.device)
-        if self.scheme.rotates:
-            q, k = self.scheme.rotate(q, positions), self.scheme.rotate(k, positions)
+        q, k = self.scheme.rotate(q, k, positions)  # (B, H, T, d) each
         if saved is not None:
             if "prev_key" in saved:
                 k = torch.cat([saved["prev_key"], k], dim=2)
@@ -73,7 +73,7 @@ class PositionalSelfAttention(MultiheadAttention):
             return self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)), None
         mask = _additive_mask(attn_mask, key_padding_mask, bsz, heads, tgt_len, src_len, q.dtype)
         exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
-        bias = self.scheme.score_bias(positions, torch.arange(src_len, device=query.device), exact)
+        bias = self.scheme.score_bias(positions, torch.arange(src_len, device=query.device), exact)  # (H, T, S)
         dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
         weights = None
         if need_weights or need_head_weights:

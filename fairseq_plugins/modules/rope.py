@@ -17,22 +17,64 @@ keeps the offset property, as the angle stays (a position) × (a θ_i of its own
   This is the paper's ramp, linear in r; HF transformers' and vLLM's code ramp linearly in the index i between
   the (rounded) i where r = β and r = α instead: the same θ where r ≤ α or r ≥ β, another blend between.
 
-Mapping to code: ``RoPE.rotate(x, pos)`` applies R_pos to x (B, H, T, d_z) with the angles computed in float32
-(float64 for float64 x); ``theta`` holds θ_i after ``ntk``/``yarn``, ``rotate`` divides the positions (``linear``)
+Mapping to code: ``RoPE.rotated(x, pos)`` applies R_pos to x (B, H, T, d_z) with the angles computed in float32
+(float64 for float64 x); ``theta`` holds θ_i after ``ntk``/``yarn``, ``rotated`` divides the positions (``linear``)
 and multiplies cos and sin by √(1/t) (``yarn``); ``none`` is the unscaled rotation, operation for operation.
-``PositionalSelfAttention`` rotates q and k before its cache and its fused ``scaled_dot_product_attention``.
+``rotate(q, k, pos)``, the contract's hook, rotates both: ``PositionalSelfAttention`` calls it before its cache and
+its fused ``scaled_dot_product_attention``. ``validate`` checks the scaling flags (the parser cannot:
+``--model-overrides`` sets them at decode time unparsed).
 """
 
 import math
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from ..flags import Flag, FlagError, one_of, positive
+from .position_scheme import PositionScheme
 
 SCALINGS = ("none", "linear", "ntk", "yarn")
+_LONGER = "RoPE, for decoding longer inputs than training"
 
 
-class RoPE(nn.Module):
-    rotates = True
+class RoPE(PositionScheme):
+    flags = (
+        Flag("--rope-base", positive(float), "b", "RoPE: θ_i = b^(-2i/d) (default 10000, the paper's)", 10000.0),
+        Flag("--rope-scaling", one_of(SCALINGS), "KIND",
+             f"{_LONGER} (e.g. at decode time through --model-overrides): none (default), linear (position "
+             "interpolation, m → m/S), ntk (NTK-aware, b → b·S^(d/(d-2))) or yarn (YaRN: θ_i ramped by "
+             "wavelength, q and k times 0.1·ln S + 1)", "none"),
+        Flag("--rope-scaling-factor", positive(float), "S",
+             f"{_LONGER}: --rope-scaling's factor S, the longest decoded length over the training length (needed "
+             "by linear, ntk and yarn)"),  # no default: None is "not given" (and checkpoints from before the flag)
+        Flag("--rope-original-length", positive(float), "L",
+             f"{_LONGER}: the training length L (tokens) that yarn's ramp measures wavelengths against (needed by "
+             "yarn)"),
+    )
+
+    @classmethod
+    def validate(cls, args):
+        kind, factor, length = args.rope_scaling, args.rope_scaling_factor, args.rope_original_length
+        if kind not in SCALINGS:
+            raise FlagError(f"--rope-scaling must be one of {', '.join(SCALINGS)} (got {kind!r})")
+        for flag, value in (("--rope-scaling-factor", factor), ("--rope-original-length", length)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < float("inf")):
+                raise FlagError(f"{flag} must be a number > 0 (got {value!r})")
+        if kind == "none" and factor is not None:
+            raise FlagError("--rope-scaling-factor does nothing without --rope-scaling linear, ntk or yarn")
+        if kind != "none" and factor is None:
+            raise FlagError(f"--rope-scaling {kind} needs --rope-scaling-factor S (the decoded length over the "
+                            "training length)")
+        if kind == "yarn" and length is None:
+            raise FlagError("--rope-scaling yarn needs --rope-original-length L (the training length, in tokens)")
+        if kind != "yarn" and length is not None:
+            raise FlagError(f"--rope-original-length does nothing with --rope-scaling {kind}: only yarn uses it")
+
+    @classmethod
+    def build(cls, cfg, heads, head_dim, causal):
+        return cls(head_dim, base=cfg.rope_base, scaling=cfg.rope_scaling, factor=cfg.rope_scaling_factor or 1.0,
+                   original_length=cfg.rope_original_length)
 
     def __init__(self, head_dim: int, base: float = 10000.0, scaling: str = "none", factor: float = 1.0,
                  original_length: float = None, alpha: float = 1.0, beta: float = 32.0):
@@ -69,7 +111,10 @@ class RoPE(nn.Module):
             theta = self._theta[device, dtype] = theta.to(device=device, dtype=dtype)
         return theta
 
-    def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
+    def rotate(self, q: Tensor, k: Tensor, pos: Tensor):
+        return self.rotated(q, pos), self.rotated(k, pos)
+
+    def rotated(self, x: Tensor, pos: Tensor) -> Tensor:
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # angles in float32 at least
         pos = pos.to(dtype)
         if self.scaling == "linear":
@@ -82,6 +127,3 @@ class RoPE(nn.Module):
         pairs = x.unflatten(-1, (-1, 2))  # (B, H, T, d/2, 2)
         even, odd = pairs[..., 0], pairs[..., 1]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
-
-    def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype):
-        return None

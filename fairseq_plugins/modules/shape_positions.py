@@ -12,7 +12,8 @@ mode, K = ``--pe_noise_size``); encoder and decoder draw their offsets independe
 decoder's teacher-forced training forward is shifted too, and K = 0 is the plain Transformer.
 ``--shape-max-shift`` is K (default 100), ``--shape-eval-offset`` the offset in eval mode (default K).
 
-Mapping to code: ``ShapePositionalEmbedding`` is fairseq's ``SinusoidalPositionalEmbedding`` (the project's
+Mapping to code: ``SHAPE`` is the scheme (its flags; its ``embed`` hook gives the stack its embedding);
+``ShapePositionalEmbedding`` is fairseq's ``SinusoidalPositionalEmbedding`` (the project's
 sinusoidal Transformer's: positions from padding_idx + 1 = 2 where OpenNMT-py counts from 0, frequencies
 10000^(−j/(d/2 − 1)) laid out as all sines then all cosines where OpenNMT-py interleaves 10000^(−2j/d); the
 shift is the same) whose positions get the offset: pads keep padding_idx, left padding shifts nothing;
@@ -26,6 +27,9 @@ their state dict has no ``version`` entry, and ``upgrade_state_dict_named`` keep
 import torch
 from fairseq import utils
 from fairseq.modules import SinusoidalPositionalEmbedding
+
+from ..flags import Flag, at_least
+from .position_scheme import PositionScheme
 
 VERSION = 2  # 1 (or no entry): k ~ U{0..K} in training, 0 in eval mode; 2: the authors' U{0..K-1}, then K
 
@@ -62,3 +66,27 @@ class ShapePositionalEmbedding(SinusoidalPositionalEmbedding):
             shift = self.eval_offset
         positions = torch.where(input.ne(self.padding_idx), positions + shift, positions)
         return self.weights.index_select(0, positions.view(-1)).view(bsz, seq_len, -1).detach()
+
+
+class SHAPE(PositionScheme):
+    embedding = "shape"
+    flags = (
+        Flag("--shape-max-shift", at_least(int, 0), "K",
+             "SHAPE: training offsets drawn uniformly from 0..K-1, one per sequence, as the authors' code (default "
+             "100; 0: no shift)", 100),
+        # the default is K (filled in below); 100, K's default, is what another scheme's model may hold unrefused
+        Flag("--shape-eval-offset", at_least(int, 0), "E",
+             "SHAPE: the offset of every sequence at validation and test (default K, as the authors' code)", 100),
+    )
+
+    @classmethod
+    def defaults(cls, args):
+        if getattr(args, "shape_eval_offset", None) is None:
+            max_shift = getattr(args, "shape_max_shift", None)
+            args.shape_eval_offset = cls.flags[0].default if max_shift is None else max_shift
+        super().defaults(args)
+
+    @classmethod
+    def embed(cls, cfg, stack, embed_dim, max_positions):
+        return ShapePositionalEmbedding(embed_dim, stack.padding_idx, max_positions + stack.padding_idx + 1,
+                                        cfg.shape_max_shift, cfg.shape_eval_offset)

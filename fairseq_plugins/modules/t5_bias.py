@@ -33,6 +33,9 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..flags import Flag, at_least, one_of
+from .position_scheme import PositionScheme
+
 
 def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
     """bucket(j − i) for relative = j − i (integer tensor), as in the module docstring."""
@@ -55,10 +58,22 @@ def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max
 T5_INITS = ("glorot", "normal", "zeros")  # --t5-bias-init: mesh-tensorflow's, HF transformers', none
 
 
-class T5Bias(nn.Module):
+class T5Bias(PositionScheme):
     """One stack's β (num_buckets, heads): ``score_bias`` gives the (heads, T, S) logit bias."""
 
-    rotates = False
+    flags = (
+        Flag("--t5-num-buckets", at_least(int, 4), "B", "T5 bias: buckets of relative distance (default 32)", 32),
+        Flag("--t5-max-distance", at_least(int, 2), "D",
+             "T5 bias: distances from D on share the last bucket (default 128)", 128),
+        Flag("--t5-bias-init", one_of(T5_INITS), "INIT",
+             "T5 bias: the table's initialisation: glorot (default; T5's own code, mesh-tensorflow: U(-a, a), "
+             "a = sqrt(6 / (heads + buckets))), normal (HF transformers' port: N(0, 1/d_model)) or zeros", "glorot"),
+    )
+
+    @classmethod
+    def build(cls, cfg, heads, head_dim, causal):
+        return cls(heads, bidirectional=not causal, num_buckets=cfg.t5_num_buckets, max_distance=cfg.t5_max_distance,
+                   init=cfg.t5_bias_init, d_model=heads * head_dim)
 
     def __init__(self, num_heads: int, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128,
                  init: str = "glorot", d_model: int = None):

@@ -19,7 +19,7 @@
 #                   (scripts/transformer_to_floater.py), fine-tuned FT_EPOCHS epochs at half the peak lr
 #   transformer_ft  control: the same seed's transformer fine-tuned exactly like floater_warm, without FLOATER
 #   any other model name of the table of schemes (python -m fairseq_plugins models: learned, every_layer, shape,
-#                   t5, alibi, kerple, fire, rope, nope), its _tiny architecture with the dimensions of MODEL_ARGS;
+#                   cape, randomized, t5, alibi, kerple, fire, rope, nope), its _tiny architecture with the dimensions of MODEL_ARGS;
 #                   shape with --shape-max-shift SHAPE_K (default 50: at least Multi30k's longest training sentence,
 #                   48 source / 50 target pieces; the architecture's default, 100, is for WMT)
 # Every run is evaluated on the average of its last AVG (fine-tunes: FT_AVG) epoch checkpoints, beam 5, length
@@ -109,7 +109,7 @@ PROBE=${PROBE:-1}
 [ -n "${SEEDS// /}" ] || die "SEEDS is empty: expected positive integers, e.g. \"1 2 3\""
 for s in $SEEDS; do [[ $s =~ ^[1-9][0-9]*$ ]] || die "SEEDS=\"$SEEDS\": expected positive integers, got '$s'"; done
 [ -n "${MODELS// /}" ] || die "MODELS is empty: expected some of $(python -m fairseq_plugins models) floater_warm transformer_ft"
-TABLE=" $(python -m fairseq_plugins models) "  # the table of schemes: fairseq_plugins/modules/position_schemes.py
+TABLE=" $(python -m fairseq_plugins models) "  # the table of schemes: fairseq_plugins/schemes.py
 for m in $MODELS; do
   case $m in
     floater_warm|transformer_ft) [[ " $MODELS " == *" transformer "* ]] ||

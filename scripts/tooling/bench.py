@@ -58,7 +58,7 @@ warnings.filterwarnings("ignore", category=UserWarning, message=r"(?s).*(hydra|[
 warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.cuda\.amp\.autocast")
 logging.getLogger("fairseq.utils").setLevel(logging.WARNING)  # "--user-dir ... has already been imported"
 
-from fairseq_plugins.modules.position_schemes import MODELS as SCHEME_TABLE  # noqa: E402  (the table of schemes)
+from fairseq_plugins.schemes import MODELS as SCHEME_TABLE  # noqa: E402  (the table of schemes)
 from tooling.paths import REPO  # noqa: E402
 
 PLUGINS = REPO / "fairseq_plugins"
@@ -70,7 +70,7 @@ COMMON_FLAGS = [
 PRELOAD = ["fairseq_plugins", "fairseq.options", "fairseq.optim", "fairseq.tasks.translation",
            "fairseq.sequence_generator", "torch._dynamo"]  # torch.optim imports torch._dynamo on first use
 
-# The compared models, from the table of schemes (fairseq_plugins/modules/position_schemes.py): (architecture, extra
+# The compared models, from the table of schemes (fairseq_plugins/schemes.py): (architecture, extra
 # flags) per size. The base relative arch pins Shaw et al.'s FFN of 1024, so every model gets
 # --encoder/decoder-ffn-embed-dim 1024: every model has the same dims and differs only in its position scheme.
 BASE_FFN = ["--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024"]

@@ -178,7 +178,7 @@ def every_run(runs_dir, models, seeds):
     every = set(models) | {m for m, _ in found}
     order = list(STUDY_MODELS)
     if every - set(order):  # only then import the plugins (torch) for the table of schemes
-        from fairseq_plugins.modules.position_schemes import MODELS
+        from fairseq_plugins.schemes import MODELS
 
         order += [m for m in MODELS if m not in order]
     rank = {m: i for i, m in enumerate(order)}
@@ -339,7 +339,7 @@ def claims(models, baseline="transformer"):
     unnamed = [m for m in models if m not in named]
     if not unnamed:  # the papers' models only: no need to import the plugins (torch, fairseq) for the table
         return CLAIMS
-    from fairseq_plugins.modules.position_schemes import MODELS
+    from fairseq_plugins.schemes import MODELS
 
     return CLAIMS + [(f"{m} > sinusoidal ({MODELS[m].paper}; not a claim of the two papers)", m, baseline)
                      for m in unnamed if m in MODELS]

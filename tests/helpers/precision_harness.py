@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from fairseq_plugins.modules.position_schemes import SCHEMES, by_model
+from fairseq_plugins.schemes import SCHEMES, by_model
 
 # (mode name, fairseq-train flags, settings that fairseq-hydra-train would give and the flags cannot)
 MODES = {

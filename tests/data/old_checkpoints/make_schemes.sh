@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Remake schemes/: one small checkpoint of every position scheme and architecture family of one commit's table
-# (fairseq_plugins/modules/position_schemes.py SCHEMES at 9d4ae10), written and run by that commit's code, so
+# (SCHEMES: fairseq_plugins/modules/position_schemes.py at 9d4ae10, fairseq_plugins/schemes.py since), written
+# and run by that commit's code, so
 # that tests/test_old_checkpoints.py checks that later code, however it restructures the schemes, loads them
 # under their registered architecture names and computes and decodes exactly as the code that wrote them.
 # (make.sh's checkpoints are older, c442711, and check flags added since then.)
@@ -85,7 +86,10 @@ import torch
 from fairseq import utils
 
 utils.import_user_module(Namespace(user_dir="fairseq_plugins"))
-from fairseq_plugins.modules.position_schemes import SCHEMES  # noqa: E402
+try:  # the table's place moved after 9d4ae10
+    from fairseq_plugins.schemes import SCHEMES  # noqa: E402
+except ImportError:
+    from fairseq_plugins.modules.position_schemes import SCHEMES  # noqa: E402
 
 import old_checkpoints  # noqa: E402
 

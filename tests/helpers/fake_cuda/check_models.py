@@ -22,7 +22,7 @@ import torch.nn.functional as F  # noqa: E402
 from helpers.fake_cuda.mode import FakeCuda, to_cuda  # noqa: E402
 from helpers.floater_helpers import batch, build  # noqa: E402
 from helpers.tiny_models import PAD  # noqa: E402
-from fairseq_plugins.modules.position_schemes import SCHEMES  # noqa: E402
+from fairseq_plugins.schemes import SCHEMES  # noqa: E402
 
 ARCHS = tuple(s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix)  # every scheme with architectures
 

@@ -1,7 +1,8 @@
 """The table of position schemes: every scheme the project compares, its kind, paper, architectures and flags.
 
 Every scheme enters a Transformer at one of a few hooks (the kinds):
-- ``embedding``: a position embedding added to the token embeddings (fairseq's sinusoidal and learned; SHAPE),
+- ``embedding``: a position embedding added to the token embeddings (fairseq's sinusoidal and learned; SHAPE, CAPE,
+  randomized positions),
   or to the input of every block (FLOATER's Table 2 baseline, ``transformer_every_layer_pos``);
 - ``score bias``: an additive (heads, T, S) logit bias in self-attention (T5, ALiBi, KERPLE, FIRE);
 - ``rotary``: a rotation of q and k in self-attention (RoPE);
@@ -11,27 +12,31 @@ Every scheme enters a Transformer at one of a few hooks (the kinds):
   products themselves, so they keep model families of their own.
 
 ``SCHEMES`` is the one list every other place reads: the ``position_transformer`` family (its
-``--position-scheme`` choices and ``<scheme>_transformer_*`` architectures), the benchmark, the demo, the
+``--position-scheme`` choices, its flags and ``<scheme>_transformer_*`` architectures), the benchmark, the demo, the
 Multi30k scripts, the study's claims and the tests. Scripts name a scheme by its ``model`` name (``transformer``,
-``relative``, ``floater``, ``rope``, ...). Adding a scheme: its module (the maths, one docstring) and one row here.
+``relative``, ``floater``, ``rope``, ...). A row of ``position_transformer`` names its class
+(``modules/position_scheme.py``'s contract: its hooks, its flags). Adding a scheme: its module (the maths, one
+docstring, one ``PositionScheme`` class) and one row here.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple, Type
 
-from torch import nn
-
-from .alibi import ALiBi
-from .fire import FIRE
-from .kerple import KerpleLog
-from .rope import RoPE
-from .t5_bias import T5Bias
+from .modules.alibi import ALiBi
+from .modules.cape import CAPE
+from .modules.fire import FIRE
+from .modules.kerple import KerpleLog
+from .modules.position_scheme import Learned, NoPE, PositionScheme, Sinusoidal
+from .modules.randomized_positions import Randomized
+from .modules.rope import RoPE
+from .modules.shape_positions import SHAPE
+from .modules.t5_bias import T5Bias
 
 # fairseq's architecture sizes: the suffix every family's architectures carry
 SIZES = {"fairseq": "", "base": "_wmt_en_de", "big": "_vaswani_wmt_en_de_big",
          "big_en_fr": "_vaswani_wmt_en_fr_big", "tiny": "_tiny"}
 KINDS = ("embedding", "score bias", "rotary", "none", "relative vectors", "projection biases")
-POSITION_TRANSFORMER = "position_transformer"  # the family that builds any scheme with a ``stack`` hook
+POSITION_TRANSFORMER = "position_transformer"  # the family that builds any scheme with a class (``cls``)
 
 
 @dataclass(frozen=True)
@@ -43,9 +48,7 @@ class Scheme:
     family: str  # the fairseq model (register_model) that builds it
     arch_prefix: Optional[str]  # architectures: arch_prefix + SIZES[size]; None: flags on another's archs
     flags: Tuple[str, ...] = ()  # what the scheme adds to its architectures' command line
-    # position_transformer's hooks: the stack's attention (cfg, heads, head dim, causal) -> module, or None
-    attention: Optional[Callable[..., nn.Module]] = None
-    embedding: str = "none"  # sinusoidal | learned | shape | none: what the stack adds to its token embeddings
+    cls: Optional[Type[PositionScheme]] = None  # what position_transformer builds it with; None: another family
     encoder: bool = True  # may an encoder use it
     encoder_partner: Optional[str] = None  # the encoder's scheme in the scheme's own architectures (NoPE)
 
@@ -58,43 +61,40 @@ class Scheme:
     @property
     def selectable(self):
         """Whether ``position_transformer`` builds it (``--position-scheme``)."""
-        return self.family == POSITION_TRANSFORMER or self.embedding in ("sinusoidal", "learned")
+        return self.cls is not None
+
+    @property
+    def embedding(self):
+        """sinusoidal | learned | shape | cape | randomized | none: what the stack adds to its token embeddings."""
+        return self.cls.embedding if self.cls is not None else "none"
 
 
 _FAIRSEQ = "transformer"
 SCHEMES = {s.name: s for s in (
     Scheme("sinusoidal", "transformer", "embedding", "Vaswani et al., NeurIPS 2017 (arXiv 1706.03762)",
-           _FAIRSEQ, "transformer", embedding="sinusoidal"),
+           _FAIRSEQ, "transformer", cls=Sinusoidal),
     Scheme("learned", "learned", "embedding", "Gehring et al., ICML 2017 (arXiv 1705.03122)",
-           _FAIRSEQ, None, flags=("--encoder-learned-pos", "--decoder-learned-pos"), embedding="learned"),
+           _FAIRSEQ, None, flags=("--encoder-learned-pos", "--decoder-learned-pos"), cls=Learned),
     Scheme("every_layer", "every_layer", "embedding", "Liu et al., ICML 2020, Table 2 (sinusoid in every block)",
            "transformer_every_layer_pos", "transformer_every_layer_pos"),
     Scheme("shape", "shape", "embedding", "Kiyono et al., EMNLP 2021 (arXiv 2109.05644)",
-           POSITION_TRANSFORMER, "shape_transformer", embedding="shape"),
+           POSITION_TRANSFORMER, "shape_transformer", cls=SHAPE),
+    Scheme("cape", "cape", "embedding", "Likhomanenko et al., NeurIPS 2021 (arXiv 2106.03143)",
+           POSITION_TRANSFORMER, "cape_transformer", cls=CAPE),
+    Scheme("randomized", "randomized", "embedding", "Ruoss et al., ACL 2023 (arXiv 2305.16843)",
+           POSITION_TRANSFORMER, "randomized_transformer", cls=Randomized),
     Scheme("t5", "t5", "score bias", "Raffel et al., JMLR 2020 (arXiv 1910.10683)",
-           POSITION_TRANSFORMER, "t5_transformer",
-           attention=lambda cfg, heads, head_dim, causal: T5Bias(heads, bidirectional=not causal,
-                                                                 num_buckets=cfg.t5_num_buckets,
-                                                                 max_distance=cfg.t5_max_distance,
-                                                                 init=cfg.t5_bias_init,
-                                                                 d_model=heads * head_dim)),
+           POSITION_TRANSFORMER, "t5_transformer", cls=T5Bias),
     Scheme("alibi", "alibi", "score bias", "Press et al., ICLR 2022 (arXiv 2108.12409)",
-           POSITION_TRANSFORMER, "alibi_transformer",
-           attention=lambda cfg, heads, head_dim, causal: ALiBi(heads)),
+           POSITION_TRANSFORMER, "alibi_transformer", cls=ALiBi),
     Scheme("kerple", "kerple", "score bias", "Chi et al., NeurIPS 2022 (arXiv 2205.09921), log variant",
-           POSITION_TRANSFORMER, "kerple_transformer",
-           attention=lambda cfg, heads, head_dim, causal: KerpleLog(heads)),
+           POSITION_TRANSFORMER, "kerple_transformer", cls=KerpleLog),
     Scheme("fire", "fire", "score bias", "Li et al., ICLR 2024 (arXiv 2310.04418)",
-           POSITION_TRANSFORMER, "fire_transformer",
-           attention=lambda cfg, heads, head_dim, causal: FIRE(heads, causal, threshold=cfg.fire_threshold)),
+           POSITION_TRANSFORMER, "fire_transformer", cls=FIRE),
     Scheme("rope", "rope", "rotary", "Su et al., RoFormer (arXiv 2104.09864)",
-           POSITION_TRANSFORMER, "rope_transformer",
-           attention=lambda cfg, heads, head_dim, causal: RoPE(head_dim, base=cfg.rope_base,
-                                                               scaling=cfg.rope_scaling,
-                                                               factor=cfg.rope_scaling_factor or 1.0,
-                                                               original_length=cfg.rope_original_length)),
+           POSITION_TRANSFORMER, "rope_transformer", cls=RoPE),
     Scheme("nope", "nope", "none", "Kazemnejad et al., NeurIPS 2023 (arXiv 2305.19466)",
-           POSITION_TRANSFORMER, "nope_transformer", encoder=False, encoder_partner="sinusoidal"),
+           POSITION_TRANSFORMER, "nope_transformer", cls=NoPE, encoder=False, encoder_partner="sinusoidal"),
     Scheme("shaw", "relative", "relative vectors", "Shaw et al., NAACL 2018 (arXiv 1803.02155)",
            "relative_transformer", "relative_transformer"),
     Scheme("floater", "floater", "projection biases", "Liu et al., ICML 2020 (arXiv 2003.09229)",

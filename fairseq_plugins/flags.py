@@ -1,0 +1,82 @@
+"""The plugins' command-line flags: each parsed and checked by its own function, so that a bad value is one line
+(``OneLineFlag``), and a flag that is valid alone but wrong for the model is one line too (``FlagError``, raised
+while the model is built). ``Flag`` is one flag as a position scheme declares it (``modules/position_scheme.py``).
+"""
+import argparse
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class FlagError(ValueError):
+    one_line = True  # fairseq_plugins' excepthook prints the message alone
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag: ``--name`` on the command line, ``args.name`` (dashes as underscores) after parsing."""
+    flag: str  # --t5-num-buckets
+    parse: Callable[[str], Any]  # text -> value, ValueError with the message (positive, at_least, one_of)
+    metavar: str
+    help: str
+    default: Any = None  # what position_transformer() fills in when the flag is not given
+
+    @property
+    def dest(self):
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser):
+        parser.add_argument(self.flag, action=OneLineFlag, parse=self.parse, metavar=self.metavar, help=self.help)
+
+
+class OneLineFlag(argparse.Action):
+    """A plugin flag parsed and checked by ``parse`` (text → value, ValueError with the message): a bad value
+    stops the command with one line on stderr, where argparse's own ``type=``/``choices=`` errors print
+    fairseq's whole usage first."""
+
+    def __init__(self, option_strings, dest, parse=str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.parse = parse
+
+    def __call__(self, parser, namespace, text, option_string=None):
+        try:
+            value = self.parse(text)
+        except ValueError as err:
+            parser.exit(2, f"{parser.prog}: error: argument {option_string}: {err}\n")
+        setattr(namespace, self.dest, value)
+
+
+def positive(kind):
+    """A finite number (kind float) or an integer (kind int) > 0."""
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise ValueError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def at_least(kind, low):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if not value >= low:
+            raise ValueError(f"must be >= {low}, got {text}")
+        return value
+
+    return parse
+
+
+def one_of(names, why=""):
+    def parse(text):
+        if text not in names:
+            raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(names)}){why}")
+        return text
+
+    return parse

@@ -1,0 +1,99 @@
+"""The contract of a position scheme that ``position_transformer`` builds: one class per scheme, whose optional
+hooks a stack calls in this order (x-transformers' bias contract, inside fairseq's hooks)::
+
+    x_i   = E[w_i]·sqrt(d) + embed(w)_i                                    (the stack, once per forward)
+    q, k  = rotate(q, k, pos)                                              (each self-attention, before its cache)
+    e_ij  = q_i·k_j / sqrt(d_z) + score_bias(i, j)_h + mask_ij,  out_i = Σ_j softmax_j(e_ij) v_j
+
+- ``embed(cfg, stack, embed_dim, max_positions)`` (class hook, at build): the module the stack keeps as fairseq's
+  ``embed_positions``, (B, T) tokens → (B, T, C = embed_dim) added to the token embeddings; None adds nothing.
+  fairseq's stack has built its own sinusoid already (its learned table where ``embedding == "learned"``).
+- ``build(cfg, heads, head_dim, causal)`` (class hook, at build): the scheme's module in self-attention, one
+  per stack and shared by its layers (a T5 table is one set of parameters per stack), or None: fairseq's own
+  attention. Cross-attention stays fairseq's (source and target positions are not comparable).
+- ``rotate(q, k, pos)``: q, k (B, H, T, d) rotated by their positions pos (T,) → (q, k); default: unchanged.
+- ``score_bias(q_pos, k_pos, dtype)``: the logit bias (H, T, S) for query positions q_pos (T,) and key positions
+  k_pos (S,), in dtype (float32, or float64 for a float64 model); default None: no bias. ``flex_score_mod`` may
+  give the same bias as FlexAttention's score_mod (``fused_attention.bias_score_mod``).
+
+Flags belong to their scheme: ``flags`` (``fairseq_plugins/flags.py``'s ``Flag``: name, parser, help, default)
+are added by ``add_args``, filled in by ``defaults`` and checked by ``validate`` (``FlagError``, one line) on a
+model one of whose stacks uses the scheme; on any other model a value other than the default is refused.
+
+Mapping to code: ``PositionScheme`` is that contract; ``Sinusoidal``, ``Learned`` and ``NoPE`` are fairseq's two
+embeddings and no position at all, which need none of the hooks' maths; every other scheme is one module of
+this package (``t5_bias``, ``alibi``, ``kerple``, ``fire``, ``rope``, ``shape_positions``).
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..flags import Flag
+
+
+class PositionScheme(nn.Module):
+    embedding = "none"  # what the stack adds to its token embeddings: sinusoidal | learned | shape | none
+    flags: Tuple[Flag, ...] = ()
+
+    # -- its flags, read before anything is built ------------------------------------------------------------
+
+    @classmethod
+    def add_args(cls, parser):
+        for flag in cls.flags:
+            flag.add_to(parser)
+
+    @classmethod
+    def defaults(cls, args):
+        """Fill in every flag not given. A falsy value that the flag cannot take (0 buckets, an empty name) counts
+        as not given, as fairseq's ``getattr(args, name, None) or default`` architectures treat it."""
+        for flag in cls.flags:
+            value = getattr(args, flag.dest, None)
+            if value is None or (not value and flag.default is not None and not _parses(flag, value)):
+                setattr(args, flag.dest, flag.default)
+
+    @classmethod
+    def validate(cls, args):
+        """FlagError (one line) for its own flags' values that the parser could not see (``--model-overrides``
+        sets them on a checkpoint's arguments unparsed) or that contradict each other."""
+
+    # -- building a stack -----------------------------------------------------------------------------------
+
+    @classmethod
+    def embed(cls, cfg, stack, embed_dim: int, max_positions: int) -> Optional[nn.Module]:
+        return stack.embed_positions if cls.embedding in ("sinusoidal", "learned") else None
+
+    @classmethod
+    def build(cls, cfg, heads: int, head_dim: int, causal: bool) -> Optional["PositionScheme"]:
+        return None
+
+    # -- inside self-attention, in this order -------------------------------------------------------------
+
+    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> Tuple[Tensor, Tensor]:
+        return q, k
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Optional[Tensor]:
+        return None
+
+
+def _parses(flag, value):
+    try:
+        flag.parse(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+class Sinusoidal(PositionScheme):
+    """fairseq's sinusoidal embedding (Vaswani et al. 2017), as fairseq's stack builds it."""
+    embedding = "sinusoidal"
+
+
+class Learned(PositionScheme):
+    """fairseq's learned table (Gehring et al. 2017), as fairseq's stack builds it (``--*-learned-pos``)."""
+    embedding = "learned"
+
+
+class NoPE(PositionScheme):
+    """No position at all (Kazemnejad et al. 2023): a decoder's causal mask carries order."""
