@@ -15,21 +15,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 git archive "$COMMIT" | tar -x -C "$WORK" fairseq_plugins
 cd "$WORK"
-python - <<'PY'
-import random
-random.seed(1)
-words = [f"w{i}" for i in range(12)]
-with open("train.en", "w") as en, open("train.de", "w") as de:
-    for _ in range(48):
-        s = [random.choice(words) for _ in range(random.randint(3, 9))]
-        en.write(" ".join(s) + "\n")
-        de.write(" ".join(reversed(s)) + "\n")
-PY
-cp train.en valid.en && cp train.de valid.de
-fairseq-preprocess --source-lang en --target-lang de --joined-dictionary --trainpref train --validpref valid \
-  --destdir bin --workers 1 > /dev/null
-DIMS=(--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 16 --decoder-embed-dim 16
-      --encoder-ffn-embed-dim 32 --decoder-ffn-embed-dim 32 --encoder-attention-heads 2 --decoder-attention-heads 2)
+source "$HERE/toy_task.sh"
 for scheme in shape t5; do
   OMP_NUM_THREADS=1 fairseq-train bin --user-dir fairseq_plugins --arch "${scheme}_transformer_tiny" "${DIMS[@]}" \
     --source-lang en --target-lang de \

@@ -25,21 +25,7 @@ cp "$ROOT/tests/helpers/old_checkpoints.py" "$WORK/"
 # that commit's code first (the venv's .pth puts another checkout's on the path too)
 export PYTHONPATH=$WORK:$WORK/scripts OMP_NUM_THREADS=1
 cd "$WORK"
-python - <<'PY'
-import random
-random.seed(1)
-words = [f"w{i}" for i in range(12)]
-with open("train.en", "w") as en, open("train.de", "w") as de:
-    for _ in range(48):
-        s = [random.choice(words) for _ in range(random.randint(3, 9))]
-        en.write(" ".join(s) + "\n")
-        de.write(" ".join(reversed(s)) + "\n")
-PY
-cp train.en valid.en && cp train.de valid.de
-fairseq-preprocess --source-lang en --target-lang de --joined-dictionary --trainpref train --validpref valid \
-  --destdir bin --workers 1 > /dev/null
-DIMS=(--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 16 --decoder-embed-dim 16
-      --encoder-ffn-embed-dim 32 --decoder-ffn-embed-dim 32 --encoder-attention-heads 2 --decoder-attention-heads 2)
+source "$ROOT/tests/data/old_checkpoints/toy_task.sh"
 # fixture  arch  flags (after the dimensions above): every row of the table at its tiny size with the table's
 # flags; every-layer positions and FLOATER with 2+2 blocks (with one block they would equal the sinusoidal model
 # and FLOATER's input-only variant); learned positions for 32 positions (a 1024-row table would triple the file);
