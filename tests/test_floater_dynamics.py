@@ -106,3 +106,27 @@ def test_half_precision_model_trains_and_decodes(dtype):
     assert theta.grad.dtype == dtype and theta.grad.abs().sum() > 0
     with torch.no_grad():
         assert model.eval()(*batch())[0].dtype == dtype
+
+
+def test_solver_names_are_torchdiffeqs():
+    # the plugins write torchdiffeq's solver table out (so that importing them imports neither torchdiffeq nor
+    # scipy); the pinned torchdiffeq must list the same solvers, and the same fixed-grid ones
+    from torchdiffeq._impl.odeint import SOLVERS
+    from torchdiffeq._impl.solvers import FixedGridODESolver
+
+    from fairseq_plugins.modules.floater.dynamics import FIXED_GRID_SOLVERS, SOLVER_NAMES
+
+    assert SOLVER_NAMES == tuple(m for m in SOLVERS if m != "scipy_solver")
+    assert FIXED_GRID_SOLVERS == {m for m in SOLVER_NAMES if issubclass(SOLVERS[m], FixedGridODESolver)}
+
+
+def test_importing_the_plugins_leaves_torchdiffeq_and_scipy_unimported():
+    # every fairseq command with --user-dir imports the plugins; only a torchdiffeq solve needs torchdiffeq
+    import subprocess
+    import sys
+
+    code = ("import argparse, sys; from fairseq import utils; utils.import_user_module(argparse.Namespace("
+            f"user_dir={str(Path(__file__).resolve().parents[1] / 'fairseq_plugins')!r})); "
+            "print(sorted(m for m in ('torchdiffeq', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

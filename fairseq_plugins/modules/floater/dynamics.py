@@ -72,16 +72,14 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
-from torchdiffeq import odeint, odeint_adjoint
 
-# torchdiffeq lists its solvers in a private table; 0.2.5 is pinned in requirements.txt.
-from torchdiffeq._impl.odeint import SOLVERS as _TORCHDIFFEQ_SOLVERS
-from torchdiffeq._impl.solvers import FixedGridODESolver
-
-SOLVER_NAMES: Tuple[str, ...] = tuple(m for m in _TORCHDIFFEQ_SOLVERS if m != "scipy_solver")
-FIXED_GRID_SOLVERS = frozenset(
-    m for m in SOLVER_NAMES if issubclass(_TORCHDIFFEQ_SOLVERS[m], FixedGridODESolver)
-)
+# torchdiffeq's solvers (its private table, less scipy_solver; 0.2.5 is pinned in requirements.txt), written out
+# so that importing the plugins does not import torchdiffeq, which imports scipy: about half a CPU second in every
+# fairseq process, most of which never solve an ODE. A test checks both lists against torchdiffeq's table.
+SOLVER_NAMES: Tuple[str, ...] = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adaptive_heun", "euler", "midpoint",
+                                 "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams")
+FIXED_GRID_SOLVERS = frozenset(("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams",
+                                "fixed_adams"))
 STEPS_PER_DT = 5  # fixed-grid step Δ/5 (paper, Appendix B)
 
 
@@ -218,6 +216,8 @@ def solve_on_grid(dynamics: nn.Module, y0: Tensor, num_points: int, settings: Fl
     t = _grid_times(num_points, settings.dt, first_index, y0.device)
     kwargs = dict(rtol=settings.rtol, atol=settings.atol, method=settings.method,
                   options=_solver_options(settings.method))
+    from torchdiffeq import odeint, odeint_adjoint  # here, not at import: see SOLVER_NAMES
+
     if settings.adjoint and torch.is_grad_enabled():
         return odeint_adjoint(dynamics, y0, t, adjoint_params=_theta(dynamics), **kwargs)
     return odeint(dynamics, y0, t, **kwargs)

@@ -84,7 +84,6 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchdiffeq import odeint, odeint_adjoint
 
 from .attention import Bindings, bind, position_bindings, rows_from_padding_mask, step_bindings, token_rows
 from .dynamics import (
@@ -139,6 +138,8 @@ def _solve_flows(lead, dynamics, initial, num_points, first_index, dtype):
         stacked = _StackedDynamics([_in_dtype(h, dtype) for h in dynamics])
         kwargs = dict(rtol=settings.rtol, atol=settings.atol, method=settings.method,
                       options=_solver_options(settings.method))
+        from torchdiffeq import odeint, odeint_adjoint  # here, not at import (dynamics.SOLVER_NAMES says why)
+
         if settings.adjoint and torch.is_grad_enabled():
             y = odeint_adjoint(stacked, y0, t, adjoint_params=stacked.theta(), **kwargs)
         else:
