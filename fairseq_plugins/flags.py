@@ -19,13 +19,18 @@ class Flag:
     metavar: str
     help: str
     default: Any = None  # what position_transformer() fills in when the flag is not given
+    switch: bool = False  # given alone (``--learned-pos``): True; parse reads a stored or overridden value
 
     @property
     def dest(self):
         return self.flag.lstrip("-").replace("-", "_")
 
     def add_to(self, parser):
-        parser.add_argument(self.flag, action=OneLineFlag, parse=self.parse, metavar=self.metavar, help=self.help)
+        if self.switch:  # default None, as every scheme flag's: the scheme's ``defaults`` fills it in
+            parser.add_argument(self.flag, action="store_true", default=None, help=self.help)
+        else:
+            parser.add_argument(self.flag, action=OneLineFlag, parse=self.parse, metavar=self.metavar,
+                                help=self.help)
 
 
 class OneLineFlag(argparse.Action):
@@ -71,6 +76,13 @@ def at_least(kind, low):
         return value
 
     return parse
+
+
+def boolean(text):
+    """True or False, as a switch's value is written (``--model-overrides "{'learned_pos': True}"``)."""
+    if str(text) not in ("True", "False"):
+        raise ValueError(f"expected True or False, got {text!r}")
+    return str(text) == "True"
 
 
 def one_of(names, why=""):

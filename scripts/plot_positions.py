@@ -5,10 +5,10 @@
         [--positions 128] [--train-max-len SRC[,TGT]] [--compare]
 
 Takes any fairseq checkpoint of this project's models (fairseq's ``transformer`` with sinusoidal or learned
-positions, ``transformer_every_layer_pos``, ``relative_transformer``, ``floater_transformer``, and
-``position_transformer``'s T5, ALiBi, RoPE, SHAPE and NoPE; any of their architectures) and writes PNG figures to
-DIR, named after the checkpoint's label (``--label``, one per checkpoint; default: the checkpoint's folder and file
-name). The model is built from the checkpoint alone: the vocabulary
+positions, ``relative_transformer``, ``floater_transformer``, and ``position_transformer``'s schemes:
+``transformer_every_layer_pos``, T5, ALiBi, RoPE, SHAPE, NoPE, ...; any of their architectures) and writes PNG
+figures to DIR, named after the checkpoint's label (``--label``, one per checkpoint; default: the checkpoint's folder
+and file name). The model is built from the checkpoint alone: the vocabulary
 sizes come from its embedding tables, so no data directory is needed (the positions do not depend on the words).
 
 What is drawn (positions are fairseq's: position i is the (i+1)-th token of a sentence, padding does not count):

@@ -1,16 +1,21 @@
-"""transformer_every_layer_pos (models/transformer_every_layer_pos.py): the absolute encoding at every block's
-input, against a computation written out by hand with fairseq's own layers; learned tables; incremental decoding."""
+"""Every-layer positions (modules/every_layer.py), a scheme of position_transformer under its own architecture
+names (transformer_every_layer_pos*): the absolute encoding at every block's input, against a computation written
+out by hand with fairseq's own layers; learned tables; incremental decoding; built by position_transformer's stacks
+through the contract's ``every_block``."""
 import argparse
 import math
 
 import pytest
 import torch
 from fairseq import options
-from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 from helpers import tiny_models
 from helpers.tiny_models import EOS, PAD, TASK, VOCAB, batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from fairseq_plugins.flags import FlagError
+from fairseq_plugins.models.position_transformer import PositionDecoder, PositionEncoder, PositionTransformerModel
+from fairseq_plugins.schemes import SCHEMES, SIZES
 
 
 def build(arch="transformer_every_layer_pos_tiny", seed=0, **kw):
@@ -118,14 +123,73 @@ def test_learned_variant_rejects_sentences_longer_than_its_table():
         model.decoder(torch.full((3, 9), 5), enc, incremental_state=state)
 
 
-def test_archs_match_fairseq_dims_and_flag_in_help(capsys):
-    for suffix in ("", "_wmt_en_de", "_vaswani_wmt_en_de_big", "_vaswani_wmt_en_fr_big", "_tiny"):
+def test_archs_are_position_transformers_with_fairseq_dims_and_flag_in_help(capsys):
+    """The five architecture names of the model this scheme once had are position_transformer's, with fairseq's
+    dims at each size; ``transformer_every_layer_pos`` is no model of its own any more."""
+    assert "transformer_every_layer_pos" not in MODEL_REGISTRY
+    for suffix in SIZES.values():
         ours, theirs = argparse.Namespace(), argparse.Namespace()
         ARCH_CONFIG_REGISTRY["transformer_every_layer_pos" + suffix](ours)
         ARCH_CONFIG_REGISTRY["transformer" + suffix](theirs)
-        assert vars(ours) == {**vars(theirs), "learned_pos": False}
+        assert vars(ours).items() >= vars(theirs).items(), suffix
+        assert (ours.position_scheme, ours.learned_pos) == ("every_layer", False)
+        assert ARCH_MODEL_REGISTRY["transformer_every_layer_pos" + suffix] is PositionTransformerModel
     argv = ["data-bin", "--user-dir", "fairseq_plugins", "--arch", "transformer_every_layer_pos_tiny"]
     assert options.parse_args_and_arch(options.get_training_parser(), input_args=argv + ["--learned-pos"]).learned_pos
     with pytest.raises(SystemExit):
         options.parse_args_and_arch(options.get_training_parser(), input_args=argv + ["--help"])
-    assert "--learned-pos learned fixed-length" in " ".join(capsys.readouterr().out.split())
+    assert "--learned-pos every-layer positions: learned fixed-length" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_built_by_position_transformer_as_any_scheme(learned):
+    """--arch transformer_every_layer_pos_tiny is position_transformer --position-scheme every_layer at the tiny
+    dims: the same stacks, parameters and outputs from the same seed; the record names the scheme."""
+    from fairseq_plugins.models._base import decode_record
+
+    model = build(learned_pos=learned)
+    assert isinstance(model, PositionTransformerModel)
+    assert (type(model.encoder), type(model.decoder)) == (PositionEncoder, PositionDecoder)
+    assert model.encoder.every_block and model.decoder.every_block
+    assert decode_record(model.position_record) == "transformer_every_layer_pos_tiny every_layer every_layer"
+    args = argparse.Namespace(arch="position_transformer", dropout=0.0, position_scheme="every_layer",
+                              learned_pos=learned)
+    ARCH_CONFIG_REGISTRY["transformer_tiny"](args)  # the tiny dims, then the family's defaults
+    ARCH_CONFIG_REGISTRY["position_transformer"](args)
+    torch.manual_seed(0)
+    same = PositionTransformerModel.build_model(args, TASK).double().eval()
+    assert model.state_dict().keys() == same.state_dict().keys()
+    mine, theirs = dict(model.named_parameters()), dict(same.named_parameters())
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    src, lengths, prev = batch()
+    assert torch.equal(model(src, lengths, prev)[0], same(src, lengths, prev)[0])
+
+
+def test_one_stack_every_layer_the_other_another_scheme():
+    """A row of the family: the encoder's positions in every block, the decoder's RoPE; only the encoder's blocks
+    take the signal."""
+    model = tiny_models.build("position_transformer", encoder_position_scheme="every_layer",
+                              decoder_position_scheme="rope", encoder_layers=2, decoder_layers=2).double().eval()
+    assert model.encoder.every_block and not model.decoder.every_block
+    assert model.decoder.embed_positions is None and model.decoder.position_scheme is not None
+    src, lengths, prev = batch()
+    out = model(src, lengths, prev)[0]
+    assert bool(torch.isfinite(out).all())
+
+
+def test_learned_pos_flags_as_transformer_every_layer_pos_took_them():
+    """--learned-pos gives both stacks the learned table; fairseq's per-stack --encoder-learned-pos is superseded by
+    it (fairseq's config reads --learned-pos for both stacks), accepted as the old model accepted it, so that its
+    checkpoints load; --learned-pos on another scheme's model would do nothing: one line."""
+    from fairseq.modules import LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
+
+    for kw, table in (({"encoder_learned_pos": True}, SinusoidalPositionalEmbedding),
+                      ({"learned_pos": True, "encoder_learned_pos": True, "decoder_learned_pos": True},
+                       LearnedPositionalEmbedding)):  # the second: what the old model stored with --learned-pos
+        model = build(**kw)
+        assert type(model.encoder.embed_positions) is type(model.decoder.embed_positions) is table, kw
+    with pytest.raises(FlagError, match=r"^--learned-pos is a every_layer flag, and this model's position schemes "
+                                        r"are rope \(encoder\) and rope \(decoder\): it would do nothing$"):
+        tiny_models.build("rope_transformer_tiny", learned_pos=True)
+    with pytest.raises(FlagError, match=r"^--learned-pos must be True or False \(got 'yes'\)$"):  # --model-overrides
+        build(learned_pos="yes")

@@ -41,7 +41,7 @@ from fairseq_plugins.flags import FlagError
 from fairseq_plugins.models.position_transformer import PositionTransformerModel, add_position_args
 from fairseq_plugins.modules.kerple import KerpleLog
 from fairseq_plugins.modules.position_scheme import PositionScheme
-from fairseq_plugins.schemes import KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
+from fairseq_plugins.schemes import FAMILY_SCHEMES, KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
     architectures
 from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
 from fairseq_plugins.modules.randomized_positions import RandomizedPositionalEmbedding
@@ -49,7 +49,7 @@ from fairseq_plugins.modules.rope import RoPE
 from fairseq_plugins.modules.shape_positions import ShapePositionalEmbedding
 from fairseq_plugins.modules.t5_bias import T5Bias, relative_bucket
 
-ARCHS = [SCHEMES[name].arch("tiny") for name in NEW_SCHEMES]  # position_transformer's schemes
+ARCHS = [SCHEMES[name].arch("tiny") for name in FAMILY_SCHEMES]  # position_transformer's schemes
 TABLE_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix]  # every scheme with architectures
 
 
@@ -290,7 +290,7 @@ def test_hub_translate_equals_generate(small, tmp_path, arch):
         str(tmp_path), checkpoint_file=ckpt.name, data_name_or_path=str(small / "bin"), bpe="sentencepiece",
         sentencepiece_model=str(small / "spm.model"), source_lang="src", target_lang="tgt").eval()
     assert type(hub.models[0]).__name__ == "PositionTransformerModel"
-    assert hub.models[0].args.position_scheme == arch.removesuffix("_transformer_tiny")
+    assert SCHEMES[hub.models[0].args.position_scheme].arch("tiny") == arch
     sources = (small / "raw" / "test.src").read_text(encoding="utf-8").splitlines()[:12]
     # the sources make a difference, except for FIRE: its MLP starts as torch's default Linear (as the paper's code),
     # whose bias varies by at most 0.12 logit over 30 positions, and after 3 updates every source decodes alike;
@@ -720,8 +720,8 @@ def test_a_bad_flag_is_one_line_from_the_command_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "fairseq-train: error: argument --encoder-position-scheme: invalid choice: 'nope' (choose from sinusoidal, "
-        "learned, shape, cape, randomized, t5, alibi, kerple, fire, rope) (an encoder without positions is "
-        "permutation-invariant)"]
+        "learned, every_layer, shape, cape, randomized, t5, alibi, kerple, fire, rope) (an encoder without positions "
+        "is permutation-invariant)"]
 
 
 def test_alibi_encoder_cannot_tell_a_source_from_its_mirror_image():
@@ -748,13 +748,15 @@ OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-
                 "--fire-threshold": "64", "--rope-base": "500", "--rope-scaling": "linear",
                 "--rope-scaling-factor": "2", "--rope-original-length": "100", "--shape-max-shift": "5",
                 "--shape-eval-offset": "7", "--cape-max-global-shift": "2", "--cape-max-local-shift": "0.5",
-                "--cape-max-global-scaling": "1.5", "--randomized-max-position": "4096"}
+                "--cape-max-global-scaling": "1.5", "--randomized-max-position": "4096",
+                "--learned-pos": None}  # None: a switch, given alone
 OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]
 
 
 def test_every_position_transformer_scheme_is_a_position_scheme_class():
     """A row of position_transformer names a class of the contract (no lambda); the other families' rows none."""
-    assert {s.name for s in STACK_ROWS} >= set(NEW_SCHEMES) | {"sinusoidal", "learned"}
+    assert {s.name for s in STACK_ROWS} >= set(FAMILY_SCHEMES) | {"sinusoidal", "learned"}
+    assert set(NEW_SCHEMES) <= set(FAMILY_SCHEMES)
     for scheme in SCHEMES.values():
         if scheme.family == POSITION_TRANSFORMER or scheme.name in ("sinusoidal", "learned"):
             assert isinstance(scheme.cls, type) and issubclass(scheme.cls, PositionScheme), scheme.name
@@ -812,9 +814,10 @@ def test_a_flag_of_one_scheme_on_another_is_refused_in_one_line(owner, flag):
     other = others[[f.flag for _, f in OWNED].index(flag) % len(others)]
     companions = {"--rope-scaling": ("--rope-scaling-factor", "2"), "--rope-scaling-factor": ("--rope-scaling", "linear"),
                   "--rope-original-length": ("--rope-scaling", "yarn", "--rope-scaling-factor", "2")}.get(flag, ())
-    args = _model_args(owner, flag, OTHER_VALUES[flag], *companions)
+    given = (flag,) if OTHER_VALUES[flag] is None else (flag, OTHER_VALUES[flag])
+    args = _model_args(owner, *given, *companions)
     PositionTransformerModel.prepare_args(args)
-    args = _model_args(other, flag, OTHER_VALUES[flag])
+    args = _model_args(other, *given)
     with pytest.raises(FlagError) as err:
         PositionTransformerModel.prepare_args(args)
     encoder = "sinusoidal" if other == "nope" else other
@@ -840,3 +843,35 @@ def test_a_scheme_without_hooks_is_fairseqs_attention():
         want = theirs(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=False)[0]
         got = ours(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=False)[0]
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_no_config_carries_a_scheme_module_while_the_stacks_build(monkeypatch):
+    """Each stack hands its scheme's module to the layers it builds: no config object holds a module while fairseq
+    builds the layers (they share their stack's config), nor after. Seen from fairseq's own layer __init__, which
+    every layer of the family runs, for a model with a module in both stacks (T5's table, RoPE's rotation)."""
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+    def modules_in(cfg):
+        found = []
+        for value in [*vars(cfg).values(), *vars(cfg.encoder).values(), *vars(cfg.decoder).values()]:
+            if isinstance(value, torch.nn.Module):
+                found.append(type(value).__name__)
+        return found
+
+    seen, configs = [], []
+    for base in (TransformerEncoderLayerBase, TransformerDecoderLayerBase):
+        def spy(self, cfg, *args, __init__=base.__init__, **kwargs):
+            seen.append(modules_in(cfg))
+            configs.append(cfg)
+            __init__(self, cfg, *args, **kwargs)
+
+        monkeypatch.setattr(base, "__init__", spy)
+    model = tiny_models.build("position_transformer", encoder_position_scheme="t5", decoder_position_scheme="rope",
+                              encoder_layers=2, decoder_layers=2)
+    assert len(seen) == 4 and seen == [[]] * 4, seen
+    assert all(modules_in(cfg) == [] for cfg in configs)
+    # and yet each layer's attention got its own stack's module
+    for stack in (model.encoder, model.decoder):
+        assert all(layer.self_attn.scheme is stack.position_scheme for layer in stack.layers)
+    assert type(model.encoder.position_scheme).__name__ == "T5Bias"
+    assert type(model.decoder.position_scheme).__name__ == "RoPE"

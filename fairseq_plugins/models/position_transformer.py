@@ -1,22 +1,24 @@
 """``position_transformer``: fairseq's Transformer with the position scheme of each stack picked by name from
-the table of schemes (``fairseq_plugins/schemes.py``: sinusoidal, learned, SHAPE, T5 bias, ALiBi, KERPLE, FIRE,
-RoPE, NoPE), each built through the one contract of ``modules/position_scheme.py``.
+the table of schemes (``fairseq_plugins/schemes.py``: sinusoidal, learned, every-layer, SHAPE, CAPE, randomized,
+T5 bias, ALiBi, KERPLE, FIRE, RoPE, NoPE), each built through the one contract of ``modules/position_scheme.py``.
 
 - ``--position-scheme S`` sets both stacks; ``--encoder-position-scheme`` / ``--decoder-position-scheme``
   override one. NoPE is refused for the encoder (permutation-invariant without positions).
-- Each stack asks its scheme's class for its position embedding (``embed``) and for its module in
-  self-attention (``build``): one module per stack, shared by its layers through ``PositionalSelfAttention``
-  (their ``build_self_attention`` hook); None keeps fairseq's attention. Cross-attention stays fairseq's own
-  (none of these schemes defines one).
+- Each stack asks its scheme's class for its position embedding (``embed``, and ``every_block``: added to every
+  block's input too) and for its module in self-attention (``build``): one module per stack, handed by the stack
+  to the layers it builds, which share it through ``PositionalSelfAttention`` (their ``build_self_attention``
+  hook); None keeps fairseq's attention. Cross-attention stays fairseq's own (none of these schemes defines one).
 - Each scheme adds, fills in and checks its own flags (``add_args``, ``defaults``, ``validate``); a flag of a
   scheme that neither stack uses is refused in one line.
 
-Architectures: ``<scheme>_transformer`` (fairseq's ``transformer`` dims), ``_wmt_en_de`` (base),
+Architectures: the row's arch prefix (``<scheme>_transformer``; every-layer's keeps its name,
+``transformer_every_layer_pos``) with fairseq's ``transformer`` dims, ``_wmt_en_de`` (base),
 ``_vaswani_wmt_en_de_big``, ``_vaswani_wmt_en_fr_big`` and ``_tiny`` (tests), for each scheme of
-``NEW_SCHEMES``; any other combination through the flags on ``position_transformer``.
+``FAMILY_SCHEMES``; any other combination through the flags on ``position_transformer``.
 """
 
 import logging
+from contextlib import contextmanager
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
@@ -28,6 +30,7 @@ from fairseq.models.transformer import (
     transformer_vaswani_wmt_en_fr_big,
     transformer_wmt_en_de,
 )
+from fairseq.modules import LearnedPositionalEmbedding
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ._base import PluginTransformerModel
@@ -36,7 +39,7 @@ from .relative_transformer import _wrap_layer
 from ..flags import FlagError, OneLineFlag, one_of
 from ..modules.fused_attention import check_backend
 from ..modules.positional_attention import PositionalSelfAttention
-from ..schemes import NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES
+from ..schemes import FAMILY_SCHEMES, POSITION_TRANSFORMER, SCHEMES, SIZES
 
 logger = logging.getLogger(__name__)
 STACK_SCHEMES = {n: s for n, s in SCHEMES.items() if s.selectable}  # what --position-scheme can name
@@ -75,7 +78,9 @@ def check_flags_act(args, encoder, decoder):
                 raise FlagError(f"{flag.flag} is a {scheme.name} flag, and this model's position schemes are "
                                 f"{encoder.name} (encoder) and {decoder.name} (decoder): it would do nothing")
     for side, scheme in (("encoder", encoder), ("decoder", decoder)):
-        if getattr(args, f"{side}_learned_pos", False) and scheme.embedding != "learned":
+        # refused where no value of the flag could give the stack a learned table (every-layer's --learned-pos
+        # supersedes it, as fairseq's TransformerConfig reads them, and transformer_every_layer_pos took it so)
+        if getattr(args, f"{side}_learned_pos", False) and not scheme.cls.learned_table(True):
             raise FlagError(f"--{side}-learned-pos does nothing with the {side}'s position scheme {scheme.name}; "
                             f"for learned positions use --{side}-position-scheme learned on position_transformer")
 
@@ -94,18 +99,24 @@ def stack_schemes(args):
 
 
 def _positional(layer_base):
-    """A fairseq layer class whose self-attention follows the stack's scheme (``cfg.stack_scheme``)."""
+    """A fairseq layer class whose self-attention follows its stack's scheme module (``position_scheme``, handed
+    over by the stack; None: fairseq's attention)."""
 
     class Layer(layer_base):
+        def __init__(self, cfg, *args, position_scheme=None, **kwargs):
+            # build_self_attention reads it inside fairseq's __init__, before nn.Module takes submodules; a plain
+            # reference, not a submodule of every layer (the stack owns it)
+            object.__setattr__(self, "position_scheme", position_scheme)
+            super().__init__(cfg, *args, **kwargs)
+
         def build_self_attention(self, embed_dim, cfg, **extra):
-            scheme = getattr(cfg, "stack_scheme_module", None)
-            if scheme is None:
+            if self.position_scheme is None:
                 return super().build_self_attention(embed_dim, cfg, **extra)
             if any(extra.values()):  # the decoder's add_bias_kv / add_zero_attn
                 raise ValueError("position schemes in attention support neither add_bias_kv nor add_zero_attn")
             heads = cfg.decoder.attention_heads if issubclass(layer_base, TransformerDecoderLayerBase) \
                 else cfg.encoder.attention_heads
-            return PositionalSelfAttention(embed_dim, heads, scheme, dropout=cfg.attention_dropout,
+            return PositionalSelfAttention(embed_dim, heads, self.position_scheme, dropout=cfg.attention_dropout,
                                            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
                                            attention_backend=getattr(cfg, "attention_backend", None) or "sdpa")
 
@@ -117,36 +128,100 @@ PositionalEncoderLayer = _positional(TransformerEncoderLayerBase)
 PositionalDecoderLayer = _positional(TransformerDecoderLayerBase)
 
 
+def _add_block_signal(layer, args):
+    """Forward pre-hook of every block of an ``every_block`` stack: adds the bound ``position_signal``
+    (T, B|1, C) to the block's input. A pre-hook runs in the module call, outside the block's forward: with
+    --checkpoint-activations the sum is an input of the checkpointed forward, so its recomputation in backward
+    (after the binding ended) is the same."""
+    if layer.position_signal is None:
+        return None
+    return (args[0] + layer.position_signal,) + tuple(args[1:])
+
+
+def _block_input(layer, every_block):
+    """A block as fairseq's build_encoder_layer/build_decoder_layer return it (activation checkpointing, CPU
+    offloading and FSDP wrapping included), taking the stack's position signal at its input if every_block."""
+    if every_block:
+        layer.position_signal = None
+        layer.register_forward_pre_hook(_add_block_signal)
+    return layer
+
+
+@contextmanager
+def _bind(stack, signal):
+    """signal() (T, B|1, C), computed once, at the input of blocks 2..N (block 1's input has it from the
+    embedding) for one forward of an ``every_block`` stack; nothing otherwise."""
+    layers = list(stack.layers)[1:] if stack.every_block else []
+    value = signal() if layers else None
+    for layer in layers:
+        layer.position_signal = value
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.position_signal = None
+
+
+def _check_table(embed_positions, tokens, padding_idx, side, flag):
+    """A learned table has no row for positions past its length: say so instead of indexing out of range."""
+    if not isinstance(embed_positions, LearnedPositionalEmbedding):
+        return
+    rows = embed_positions.max_positions
+    if tokens.size(1) > rows:
+        longest = int(tokens.ne(padding_idx).sum(dim=1).max())
+        if longest > rows:
+            raise ValueError(f"a {side} sentence of {longest} tokens is longer than the learned position table "
+                             f"({flag} {rows}); use sinusoidal positions or train with a larger {flag}")
+
+
 class PositionEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, scheme, return_fc=False):
         embed_dim, heads = cfg.encoder.embed_dim, cfg.encoder.attention_heads
         module = scheme.cls.build(cfg, heads, embed_dim // heads, causal=False)  # before fairseq's: the RNG's order
-        cfg.stack_scheme_module, cfg.encoder.learned_pos = module, scheme.embedding == "learned"
-        try:
-            super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        finally:
-            cfg.stack_scheme_module = None
-        self.position_scheme = module  # owned here: one table per stack, shared by its layers
+        # for build_encoder_layer, which fairseq's __init__ calls before nn.Module takes submodules
+        object.__setattr__(self, "position_scheme", module)
+        self.every_block = scheme.cls.every_block
+        cfg.encoder.learned_pos = scheme.cls.learned_table(cfg.encoder.learned_pos)
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        self.position_scheme = module  # registered now: one table per stack, shared by its layers
         self.embed_positions = scheme.cls.embed(cfg, self, embed_dim, cfg.max_source_positions)
 
     def build_encoder_layer(self, cfg):
-        return _wrap_layer(PositionalEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+        layer = PositionalEncoderLayer(cfg, return_fc=self.return_fc, position_scheme=self.position_scheme)
+        return _block_input(_wrap_layer(layer, cfg), self.every_block)
+
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
+        _check_table(self.embed_positions, src_tokens, self.padding_idx, "source", "--max-source-positions")
+        with _bind(self, lambda: self.embed_positions(src_tokens).transpose(0, 1)):  # (T, B, C): the embedding's
+            return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
 
 
 class PositionDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, scheme, no_encoder_attn=False):
         embed_dim, heads = cfg.decoder.embed_dim, cfg.decoder.attention_heads
         module = scheme.cls.build(cfg, heads, embed_dim // heads, causal=True)
-        cfg.stack_scheme_module, cfg.decoder.learned_pos = module, scheme.embedding == "learned"
-        try:
-            super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        finally:
-            cfg.stack_scheme_module = None
+        object.__setattr__(self, "position_scheme", module)  # for build_decoder_layer, as the encoder's
+        self.every_block = scheme.cls.every_block
+        cfg.decoder.learned_pos = scheme.cls.learned_table(cfg.decoder.learned_pos)
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.position_scheme = module
         self.embed_positions = scheme.cls.embed(cfg, self, embed_dim, cfg.max_target_positions)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return _wrap_layer(PositionalDecoderLayer(cfg, no_encoder_attn), cfg)
+        layer = PositionalDecoderLayer(cfg, no_encoder_attn, position_scheme=self.position_scheme)
+        return _block_input(_wrap_layer(layer, cfg), self.every_block)
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         full_context_alignment=False, alignment_layer=None, alignment_heads=None):
+        _check_table(self.embed_positions, prev_output_tokens, self.padding_idx, "target", "--max-target-positions")
+
+        def signal():  # (T, B, C): what the embedding added; this step's position only when decoding step by step
+            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+            return (positions[:, -1:] if incremental_state is not None else positions).transpose(0, 1)
+
+        with _bind(self, signal):
+            return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                            full_context_alignment, alignment_layer, alignment_heads)
 
 
 @register_model("position_transformer")
@@ -184,7 +259,8 @@ class PositionTransformerModel(PluginTransformerModel):
         return {"scheme": stack_schemes(args)[decoder]}
 
     def family_name(self):
-        return f"{self.args.position_scheme}_transformer"
+        row = SCHEMES[self.args.position_scheme]
+        return row.arch_prefix if row.family == POSITION_TRANSFORMER else f"{row.name}_transformer"
 
     def position_schemes(self):
         return tuple(s.name for s in stack_schemes(self.args))
@@ -204,27 +280,32 @@ def position_transformer(args):
     base_architecture(args)
 
 
+# the dims of each size of the table (``SIZES``): fairseq's architecture functions
+SIZE_DIMS = {"fairseq": None, "base": transformer_wmt_en_de, "big": transformer_vaswani_wmt_en_de_big,
+             "big_en_fr": transformer_vaswani_wmt_en_fr_big, "tiny": tiny_architecture}
+assert SIZE_DIMS.keys() == SIZES.keys()
+
+
 def _register(scheme):
-    """<scheme>_transformer[_wmt_en_de|_vaswani_wmt_en_de_big|_vaswani_wmt_en_fr_big|_tiny]."""
+    """The scheme's architectures: its arch prefix with each size's suffix (``Scheme.arch``)."""
     def pick(args):
         given = getattr(args, "position_scheme", None)
-        if given not in (None, scheme):  # it would build another scheme under this scheme's name
-            raise FlagError(f"--position-scheme {given} contradicts --arch {scheme}_transformer*: use "
-                            f"{given}_transformer* or position_transformer --position-scheme {given}")
-        args.position_scheme = scheme
+        if given not in (None, scheme.name):  # it would build another scheme under this scheme's name
+            other = SCHEMES.get(given)
+            also = f"{other.arch_prefix}* or " if other is not None and other.family == POSITION_TRANSFORMER else ""
+            raise FlagError(f"--position-scheme {given} contradicts --arch {scheme.arch_prefix}*: use "
+                            f"{also}position_transformer --position-scheme {given}")
+        args.position_scheme = scheme.name
 
-    for suffix, dims in (("", None), ("_wmt_en_de", transformer_wmt_en_de),
-                         ("_vaswani_wmt_en_de_big", transformer_vaswani_wmt_en_de_big),
-                         ("_vaswani_wmt_en_fr_big", transformer_vaswani_wmt_en_fr_big),
-                         ("_tiny", tiny_architecture)):
+    for size, dims in SIZE_DIMS.items():
         def arch(args, dims=dims):
             pick(args)
             if dims is not None:
                 dims(args)
             position_transformer(args)
 
-        register_model_architecture("position_transformer", f"{scheme}_transformer{suffix}")(arch)
+        register_model_architecture(POSITION_TRANSFORMER, scheme.arch(size))(arch)
 
 
-for _scheme in NEW_SCHEMES:
-    _register(_scheme)  # the table's arch prefix is f"{_scheme}_transformer" (checked by the tests)
+for _scheme in FAMILY_SCHEMES:
+    _register(SCHEMES[_scheme])

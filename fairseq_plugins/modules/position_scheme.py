@@ -2,12 +2,16 @@
 hooks a stack calls in this order (x-transformers' bias contract, inside fairseq's hooks)::
 
     x_i   = E[w_i]·sqrt(d) + embed(w)_i                                    (the stack, once per forward)
+    x^(n) = block_{n−1}(x^(n−1)) + embed(w),  n ≥ 2, where every_block     (the stack, before each block)
     q, k  = rotate(q, k, pos)                                              (each self-attention, before its cache)
     e_ij  = q_i·k_j / sqrt(d_z) + score_bias(i, j)_h + mask_ij,  out_i = Σ_j softmax_j(e_ij) v_j
 
 - ``embed(cfg, stack, embed_dim, max_positions)`` (class hook, at build): the module the stack keeps as fairseq's
   ``embed_positions``, (B, T) tokens → (B, T, C = embed_dim) added to the token embeddings; None adds nothing.
-  fairseq's stack has built its own sinusoid already (its learned table where ``embedding == "learned"``).
+  fairseq's stack has built its own sinusoid already (its learned table where ``learned_table`` says so:
+  ``embedding == "learned"`` by default).
+- ``every_block`` (class attribute): whether the stack also adds ``embed``'s signal, the same (T, B, C) tensor, to
+  the input of every block after the first (FLOATER's Table 2 baseline, ``every_layer.py``).
 - ``build(cfg, heads, head_dim, causal)`` (class hook, at build): the scheme's module in self-attention, one
   per stack and shared by its layers (a T5 table is one set of parameters per stack), or None: fairseq's own
   attention. Cross-attention stays fairseq's (source and target positions are not comparable).
@@ -22,7 +26,8 @@ model one of whose stacks uses the scheme; on any other model a value other than
 
 Mapping to code: ``PositionScheme`` is that contract; ``Sinusoidal``, ``Learned`` and ``NoPE`` are fairseq's two
 embeddings and no position at all, which need none of the hooks' maths; every other scheme is one module of
-this package (``t5_bias``, ``alibi``, ``kerple``, ``fire``, ``rope``, ``shape_positions``).
+this package (``t5_bias``, ``alibi``, ``kerple``, ``fire``, ``rope``, ``shape_positions``, ``cape``,
+``randomized_positions``, ``every_layer``).
 """
 
 from typing import Optional, Tuple
@@ -63,6 +68,16 @@ class PositionScheme(nn.Module):
     @classmethod
     def embed(cls, cfg, stack, embed_dim: int, max_positions: int) -> Optional[nn.Module]:
         return stack.embed_positions if cls.embedding in ("sinusoidal", "learned") else None
+
+    every_block = False
+
+    @classmethod
+    def learned_table(cls, learned_pos: bool) -> bool:
+        """Whether the stack's embedding is fairseq's learned table rather than its sinusoid, given fairseq's
+        ``learned_pos`` of the stack as its TransformerConfig reads it (``--learned-pos`` for both stacks where
+        the arguments have it, else ``--encoder/decoder-learned-pos``); those flags are refused where this is
+        False whatever their value."""
+        return cls.embedding == "learned"
 
     @classmethod
     def build(cls, cfg, heads: int, head_dim: int, causal: bool) -> Optional["PositionScheme"]:
