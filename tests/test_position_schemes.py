@@ -290,7 +290,9 @@ def test_hub_translate_equals_generate(small, tmp_path, arch):
         str(tmp_path), checkpoint_file=ckpt.name, data_name_or_path=str(small / "bin"), bpe="sentencepiece",
         sentencepiece_model=str(small / "spm.model"), source_lang="src", target_lang="tgt").eval()
     assert type(hub.models[0]).__name__ == "PositionTransformerModel"
-    assert hub.models[0].args.position_scheme == arch.removesuffix("_transformer_tiny")
+    row = SCHEMES[arch.removesuffix("_transformer_tiny")]
+    args = hub.models[0].args
+    assert (args.cross_position_prior if row.cross else args.position_scheme) == row.name
     sources = (small / "raw" / "test.src").read_text(encoding="utf-8").splitlines()[:12]
     # the sources make a difference, except for FIRE: its MLP starts as torch's default Linear (as the paper's code),
     # whose bias varies by at most 0.12 logit over 30 positions, and after 3 updates every source decodes alike;
@@ -743,24 +745,26 @@ def test_alibi_encoder_cannot_tell_a_source_from_its_mirror_image():
 # -- the contract: one class per scheme, its own flags ---------------------------------------------------------
 
 STACK_ROWS = [s for s in SCHEMES.values() if s.selectable]
+CLASS_ROWS = [s for s in SCHEMES.values() if s.cls is not None]  # the stacks' schemes and the cross-attention priors
 # a valid value other than the default, per flag of every scheme (a new flag needs one here)
 OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-init": "zeros",
                 "--fire-threshold": "64", "--rope-base": "500", "--rope-scaling": "linear",
                 "--rope-scaling-factor": "2", "--rope-original-length": "100", "--shape-max-shift": "5",
                 "--shape-eval-offset": "7", "--cape-max-global-shift": "2", "--cape-max-local-shift": "0.5",
-                "--cape-max-global-scaling": "1.5", "--randomized-max-position": "4096"}
-OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]
+                "--cape-max-global-scaling": "1.5", "--randomized-max-position": "4096",
+                "--cross-prior-ratio": "1.5", "--cross-prior-slopes": "learned"}
+OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]  # a prior's: tests/test_cross_prior.py
 
 
 def test_every_position_transformer_scheme_is_a_position_scheme_class():
     """A row of position_transformer names a class of the contract (no lambda); the other families' rows none."""
-    assert {s.name for s in STACK_ROWS} >= set(NEW_SCHEMES) | {"sinusoidal", "learned"}
+    assert {s.name for s in CLASS_ROWS} >= set(NEW_SCHEMES) | {"sinusoidal", "learned"}
     for scheme in SCHEMES.values():
         if scheme.family == POSITION_TRANSFORMER or scheme.name in ("sinusoidal", "learned"):
             assert isinstance(scheme.cls, type) and issubclass(scheme.cls, PositionScheme), scheme.name
         else:
             assert scheme.cls is None, scheme.name
-    assert len({s.cls for s in STACK_ROWS}) == len(STACK_ROWS)  # one class, one row
+    assert len({s.cls for s in CLASS_ROWS}) == len(CLASS_ROWS)  # one class, one row
 
 
 class ReadOnly(argparse.Namespace):
@@ -779,10 +783,11 @@ class ReadOnly(argparse.Namespace):
 def test_each_scheme_owns_exactly_the_flags_it_validates():
     """A scheme's add_args adds its flags and no other, with help; its validate reads only those; no flag has two
     owners; position_transformer's parser has every one of them (and so fairseq-train --help)."""
-    assert sorted(f.flag for _, f in OWNED) == sorted(OTHER_VALUES)  # no two owners; every flag has a value here
+    owned = [f.flag for row in CLASS_ROWS for f in row.cls.flags]
+    assert sorted(owned) == sorted(OTHER_VALUES)  # no two owners; every flag has a value here
     family = argparse.ArgumentParser()
     add_position_args(family)
-    for row in STACK_ROWS:
+    for row in CLASS_ROWS:
         parser = argparse.ArgumentParser(add_help=False)
         row.cls.add_args(parser)
         own = {f.flag for f in row.cls.flags}
@@ -790,7 +795,7 @@ def test_each_scheme_owns_exactly_the_flags_it_validates():
         assert all(a.help for a in parser._actions), row.name
         assert own <= {o for a in family._actions for o in a.option_strings}, row.name
         filled = argparse.Namespace()
-        for other in STACK_ROWS:
+        for other in CLASS_ROWS:
             other.cls.defaults(filled)
         args = ReadOnly(**vars(filled))
         row.cls.validate(args)  # the defaults are valid
