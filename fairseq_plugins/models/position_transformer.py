@@ -12,7 +12,7 @@ RoPE, NoPE), each built through the one contract of ``modules/position_scheme.py
   shared by its layers through ``PositionalCrossAttention`` (their ``build_encoder_attention`` hook); without
   one, cross-attention stays fairseq's own.
 - Each scheme adds, fills in and checks its own flags (``add_args``, ``defaults``, ``validate``); a flag of a
-  scheme that neither stack uses is refused in one line.
+  scheme that neither stack uses (or of a prior the model does not have) is refused in one line.
 
 Architectures: ``<scheme>_transformer`` (fairseq's ``transformer`` dims), ``_wmt_en_de`` (base),
 ``_vaswani_wmt_en_de_big``, ``_vaswani_wmt_en_fr_big`` and ``_tiny`` (tests), for each scheme of
@@ -225,7 +225,9 @@ class PositionTransformerModel(PluginTransformerModel):
         return {"scheme": scheme, "prior": cross_prior(args)} if decoder else {"scheme": scheme}
 
     def family_name(self):
-        return f"{self.args.position_scheme}_transformer"
+        """``<scheme>_transformer``, the architectures' prefix (a cross-attention prior's, where the model has one)."""
+        prior = cross_prior(self.args)
+        return f"{prior.name if prior is not None else self.args.position_scheme}_transformer"
 
     def position_schemes(self):
         """(encoder, decoder), the decoder's as ``<scheme>+<prior>`` with a cross-attention prior: a fixed prior
