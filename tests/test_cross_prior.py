@@ -158,12 +158,7 @@ def test_incremental_decoding_with_reorder_equals_full_forward(name):
 def test_a_sentence_alone_equals_it_left_padded_in_a_batch(name):
     arch, kw = COMBINATIONS[name]
     model = strong(build(arch, **kw))
-    src, lengths, prev = fixed_batch()
-    together = model(src, lengths, prev)[0]
-    for b in range(3):
-        n = int(lengths[b])
-        alone = model(src[b:b + 1, -n:], lengths[b:b + 1], prev[b:b + 1])[0]
-        torch.testing.assert_close(alone[0], together[b], rtol=0, atol=1e-9)
+    tiny_models.assert_alone_equals_left_padded(model)
 
 
 def test_the_prior_is_fairseqs_cross_attention_plus_its_bias():

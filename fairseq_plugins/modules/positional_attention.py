@@ -9,12 +9,12 @@ In self-attention, positions are token indices in the padded sequence (0..T−1;
 step's index, from the cached keys' length): only differences i − j enter, so fairseq's left-padded sources give
 each sentence the same logits as alone. In cross-attention, i is the decoder position (while decoding step by
 step, a step counter kept in the incremental state) and j each source token's rank among its sentence's real
-tokens, with the sentence's real length S: a prior on j and S needs no difference to be padding-free.
+tokens, with the sentence's real length S: both count real tokens only, so padding changes nothing.
 
 Mapping to code: ``PositionalAttention`` is fairseq's ``MultiheadAttention`` (same parameters, names and
 incremental-state layout, so fairseq's beam reordering works unchanged) with one forward: it projects q, k, v
 (``PositionalSelfAttention``: from the query, ``scheme.rotate(q, k, positions)`` before caching k;
-``PositionalCrossAttention``: from the encoder's states, projected once per sentence while decoding), then calls
+``PositionalCrossAttention``: from the encoder's states, cached at the first decoding step), then calls
 torch's fused ``scaled_dot_product_attention`` (``fused_attention.biased_sdpa``) with the bias added to
 fairseq's masks as one float mask ((H, T, S), or (B, H, T, S) with padding or a per-sentence prior); the explicit
 softmax path runs only when the attention weights are asked for. ``attention_backend="flex"``
