@@ -6,6 +6,8 @@ Every scheme enters a Transformer at one of a few hooks (the kinds):
   or to the input of every block too (FLOATER's Table 2 baseline, ``transformer_every_layer_pos``);
 - ``score bias``: an additive (heads, T, S) logit bias in self-attention (T5, ALiBi, KERPLE, FIRE);
 - ``rotary``: a rotation of q and k in self-attention (RoPE);
+- ``cross bias``: a (B, heads, T, S) logit bias in the decoder's cross-attention, a prior on which source
+  positions a target position attends (ALiBi on the source/target diagonal), with any self-attention scheme;
 - ``none``: no position at all (NoPE; decoder only: its causal mask carries order, while an encoder without
   positions is permutation-invariant);
 - ``relative vectors`` (Shaw et al.) and ``projection biases`` (FLOATER): they change the attention's
@@ -24,6 +26,7 @@ from typing import Optional, Tuple, Type
 
 from .modules.alibi import ALiBi
 from .modules.cape import CAPE
+from .modules.cross_prior import AlibiSync
 from .modules.every_layer import EveryLayer
 from .modules.fire import FIRE
 from .modules.kerple import KerpleLog
@@ -36,7 +39,7 @@ from .modules.t5_bias import T5Bias
 # fairseq's architecture sizes: the suffix every family's architectures carry
 SIZES = {"fairseq": "", "base": "_wmt_en_de", "big": "_vaswani_wmt_en_de_big",
          "big_en_fr": "_vaswani_wmt_en_fr_big", "tiny": "_tiny"}
-KINDS = ("embedding", "score bias", "rotary", "none", "relative vectors", "projection biases")
+KINDS = ("embedding", "score bias", "rotary", "cross bias", "none", "relative vectors", "projection biases")
 POSITION_TRANSFORMER = "position_transformer"  # the family that builds any scheme with a class (``cls``)
 
 
@@ -60,9 +63,14 @@ class Scheme:
         return f"{self.arch_prefix or 'transformer'}{SIZES[size]}"
 
     @property
+    def cross(self):
+        """Whether it is a prior in cross-attention (``--cross-position-prior``), not a stack's scheme."""
+        return self.kind == "cross bias"
+
+    @property
     def selectable(self):
-        """Whether ``position_transformer`` builds it (``--position-scheme``)."""
-        return self.cls is not None
+        """Whether ``position_transformer`` builds it as a stack's scheme (``--position-scheme``)."""
+        return self.cls is not None and not self.cross
 
     @property
     def embedding(self):
@@ -96,6 +104,9 @@ SCHEMES = {s.name: s for s in (
            POSITION_TRANSFORMER, "rope_transformer", cls=RoPE),
     Scheme("nope", "nope", "none", "Kazemnejad et al., NeurIPS 2023 (arXiv 2305.19466)",
            POSITION_TRANSFORMER, "nope_transformer", cls=NoPE, encoder=False, encoder_partner="sinusoidal"),
+    Scheme("alibi_sync", "alibi_sync", "cross bias", "Press et al., ICLR 2022 (ALiBi's slopes) on a source/target "
+           "diagonal in cross-attention, as Marian's sequence-to-sequence ALiBi", POSITION_TRANSFORMER,
+           "alibi_sync_transformer", cls=AlibiSync, encoder=False),
     Scheme("shaw", "relative", "relative vectors", "Shaw et al., NAACL 2018 (arXiv 1803.02155)",
            "relative_transformer", "relative_transformer"),
     Scheme("floater", "floater", "projection biases", "Liu et al., ICML 2020 (arXiv 2003.09229)",

@@ -188,7 +188,7 @@ def test_demo_rejects_an_unknown_model_before_writing(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [
         "fairseq_plugins: unknown model 'shaw_transformer_tiny': expected one of transformer, learned, every_layer, "
-        "shape, cape, randomized, t5, alibi, kerple, fire, rope, nope, relative, floater or one of their "
+        "shape, cape, randomized, t5, alibi, kerple, fire, rope, nope, alibi_sync, relative, floater or one of their "
         "architectures"]
     assert not out.exists()
 

@@ -86,7 +86,7 @@ def flatten(section, prefix=""):
 
 
 # schemes added after the flat layout: no flat file to compare with, their cells are the transformer's recipe
-LATER_SCHEMES = ("cape", "randomized")
+LATER_SCHEMES = ("cape", "randomized", "alibi_sync")
 LATER_CELLS = sorted(f"wmt14_{p}_{s}_{scheme}" for scheme in LATER_SCHEMES for p in ("en_de", "en_fr")
                      for s in ("base", "big"))
 

@@ -188,7 +188,7 @@ def test_learned_pos_flags_as_transformer_every_layer_pos_took_them():
                        LearnedPositionalEmbedding)):  # the second: what the old model stored with --learned-pos
         model = build(**kw)
         assert type(model.encoder.embed_positions) is type(model.decoder.embed_positions) is table, kw
-    with pytest.raises(FlagError, match=r"^--learned-pos is a every_layer flag, and this model's position schemes "
+    with pytest.raises(FlagError, match=r"^--learned-pos is an every_layer flag, and this model's position schemes "
                                         r"are rope \(encoder\) and rope \(decoder\): it would do nothing$"):
         tiny_models.build("rope_transformer_tiny", learned_pos=True)
     with pytest.raises(FlagError, match=r"^--learned-pos must be True or False \(got 'yes'\)$"):  # --model-overrides

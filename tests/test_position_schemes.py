@@ -236,12 +236,7 @@ def test_incremental_decoding_with_reorder_equals_full_forward(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_sentence_alone_equals_it_left_padded_in_a_batch(arch):
     model = build(arch).eval().double()
-    src, lengths, prev = fixed_batch()
-    together = model(src, lengths, prev)[0]
-    for b in range(3):
-        n = int(lengths[b])
-        alone = model(src[b:b + 1, -n:], lengths[b:b + 1], prev[b:b + 1])[0]
-        torch.testing.assert_close(alone[0], together[b], rtol=0, atol=1e-9)
+    tiny_models.assert_alone_equals_left_padded(model)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -290,7 +285,9 @@ def test_hub_translate_equals_generate(small, tmp_path, arch):
         str(tmp_path), checkpoint_file=ckpt.name, data_name_or_path=str(small / "bin"), bpe="sentencepiece",
         sentencepiece_model=str(small / "spm.model"), source_lang="src", target_lang="tgt").eval()
     assert type(hub.models[0]).__name__ == "PositionTransformerModel"
-    assert SCHEMES[hub.models[0].args.position_scheme].arch("tiny") == arch
+    row = next(s for s in SCHEMES.values() if s.arch_prefix and s.arch("tiny") == arch)
+    args = hub.models[0].args
+    assert (args.cross_position_prior if row.cross else args.position_scheme) == row.name
     sources = (small / "raw" / "test.src").read_text(encoding="utf-8").splitlines()[:12]
     # the sources make a difference, except for FIRE: its MLP starts as torch's default Linear (as the paper's code),
     # whose bias varies by at most 0.12 logit over 30 positions, and after 3 updates every source decodes alike;
@@ -743,26 +740,28 @@ def test_alibi_encoder_cannot_tell_a_source_from_its_mirror_image():
 # -- the contract: one class per scheme, its own flags ---------------------------------------------------------
 
 STACK_ROWS = [s for s in SCHEMES.values() if s.selectable]
+CLASS_ROWS = [s for s in SCHEMES.values() if s.cls is not None]  # the stacks' schemes and the cross-attention priors
 # a valid value other than the default, per flag of every scheme (a new flag needs one here)
 OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-init": "zeros",
                 "--fire-threshold": "64", "--rope-base": "500", "--rope-scaling": "linear",
                 "--rope-scaling-factor": "2", "--rope-original-length": "100", "--shape-max-shift": "5",
                 "--shape-eval-offset": "7", "--cape-max-global-shift": "2", "--cape-max-local-shift": "0.5",
                 "--cape-max-global-scaling": "1.5", "--randomized-max-position": "4096",
-                "--learned-pos": None}  # None: a switch, given alone
-OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]
+                "--learned-pos": None,  # None: a switch, given alone
+                "--cross-prior-ratio": "1.5", "--cross-prior-slopes": "learned"}
+OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]  # a prior's: tests/test_cross_prior.py
 
 
 def test_every_position_transformer_scheme_is_a_position_scheme_class():
     """A row of position_transformer names a class of the contract (no lambda); the other families' rows none."""
-    assert {s.name for s in STACK_ROWS} >= set(FAMILY_SCHEMES) | {"sinusoidal", "learned"}
+    assert {s.name for s in CLASS_ROWS} >= set(FAMILY_SCHEMES) | {"sinusoidal", "learned"}
     assert set(NEW_SCHEMES) <= set(FAMILY_SCHEMES)
     for scheme in SCHEMES.values():
         if scheme.family == POSITION_TRANSFORMER or scheme.name in ("sinusoidal", "learned"):
             assert isinstance(scheme.cls, type) and issubclass(scheme.cls, PositionScheme), scheme.name
         else:
             assert scheme.cls is None, scheme.name
-    assert len({s.cls for s in STACK_ROWS}) == len(STACK_ROWS)  # one class, one row
+    assert len({s.cls for s in CLASS_ROWS}) == len(CLASS_ROWS)  # one class, one row
 
 
 class ReadOnly(argparse.Namespace):
@@ -781,10 +780,11 @@ class ReadOnly(argparse.Namespace):
 def test_each_scheme_owns_exactly_the_flags_it_validates():
     """A scheme's add_args adds its flags and no other, with help; its validate reads only those; no flag has two
     owners; position_transformer's parser has every one of them (and so fairseq-train --help)."""
-    assert sorted(f.flag for _, f in OWNED) == sorted(OTHER_VALUES)  # no two owners; every flag has a value here
+    owned = [f.flag for row in CLASS_ROWS for f in row.cls.flags]
+    assert sorted(owned) == sorted(OTHER_VALUES)  # no two owners; every flag has a value here
     family = argparse.ArgumentParser()
     add_position_args(family)
-    for row in STACK_ROWS:
+    for row in CLASS_ROWS:
         parser = argparse.ArgumentParser(add_help=False)
         row.cls.add_args(parser)
         own = {f.flag for f in row.cls.flags}
@@ -792,7 +792,7 @@ def test_each_scheme_owns_exactly_the_flags_it_validates():
         assert all(a.help for a in parser._actions), row.name
         assert own <= {o for a in family._actions for o in a.option_strings}, row.name
         filled = argparse.Namespace()
-        for other in STACK_ROWS:
+        for other in CLASS_ROWS:
             other.cls.defaults(filled)
         args = ReadOnly(**vars(filled))
         row.cls.validate(args)  # the defaults are valid
@@ -821,8 +821,9 @@ def test_a_flag_of_one_scheme_on_another_is_refused_in_one_line(owner, flag):
     with pytest.raises(FlagError) as err:
         PositionTransformerModel.prepare_args(args)
     encoder = "sinusoidal" if other == "nope" else other
-    assert str(err.value) == (f"{flag} is a {owner} flag, and this model's position schemes are {encoder} (encoder) "
-                              f"and {other} (decoder): it would do nothing")
+    article = "an" if owner[0] in "aeiou" else "a"
+    assert str(err.value) == (f"{flag} is {article} {owner} flag, and this model's position schemes are {encoder} "
+                              f"(encoder) and {other} (decoder): it would do nothing")
 
 
 def test_a_scheme_without_hooks_is_fairseqs_attention():
@@ -867,7 +868,7 @@ def test_no_config_carries_a_scheme_module_while_the_stacks_build(monkeypatch):
 
         monkeypatch.setattr(base, "__init__", spy)
     model = tiny_models.build("position_transformer", encoder_position_scheme="t5", decoder_position_scheme="rope",
-                              encoder_layers=2, decoder_layers=2)
+                              cross_position_prior="alibi_sync", encoder_layers=2, decoder_layers=2)
     assert len(seen) == 4 and seen == [[]] * 4, seen
     assert all(modules_in(cfg) == [] for cfg in configs)
     # and yet each layer's attention got its own stack's module
@@ -875,3 +876,6 @@ def test_no_config_carries_a_scheme_module_while_the_stacks_build(monkeypatch):
         assert all(layer.self_attn.scheme is stack.position_scheme for layer in stack.layers)
     assert type(model.encoder.position_scheme).__name__ == "T5Bias"
     assert type(model.decoder.position_scheme).__name__ == "RoPE"
+    # the decoder's cross-attention prior, handed over the same way
+    assert type(model.decoder.cross_position_prior).__name__ == "AlibiSync"
+    assert all(layer.encoder_attn.scheme is model.decoder.cross_position_prior for layer in model.decoder.layers)

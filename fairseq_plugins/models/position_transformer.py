@@ -7,14 +7,19 @@ T5 bias, ALiBi, KERPLE, FIRE, RoPE, NoPE), each built through the one contract o
 - Each stack asks its scheme's class for its position embedding (``embed``, and ``every_block``: added to every
   block's input too) and for its module in self-attention (``build``): one module per stack, handed by the stack
   to the layers it builds, which share it through ``PositionalSelfAttention`` (their ``build_self_attention``
-  hook); None keeps fairseq's attention. Cross-attention stays fairseq's own (none of these schemes defines one).
+  hook); None keeps fairseq's attention.
+- ``--cross-position-prior P`` (default none) adds a prior to the decoder's cross-attention, whatever the stacks'
+  schemes (``alibi_sync``: ``modules/cross_prior.py``): one module per decoder (its class's ``build_cross``),
+  shared by its layers through ``PositionalCrossAttention`` (their ``build_encoder_attention`` hook); without
+  one, cross-attention stays fairseq's own.
 - Each scheme adds, fills in and checks its own flags (``add_args``, ``defaults``, ``validate``); a flag of a
-  scheme that neither stack uses is refused in one line.
+  scheme that neither stack uses (or of a prior the model does not have) is refused in one line.
 
 Architectures: the row's arch prefix (``<scheme>_transformer``; every-layer's keeps its name,
 ``transformer_every_layer_pos``) with fairseq's ``transformer`` dims, ``_wmt_en_de`` (base),
 ``_vaswani_wmt_en_de_big``, ``_vaswani_wmt_en_fr_big`` and ``_tiny`` (tests), for each scheme of
-``FAMILY_SCHEMES``; any other combination through the flags on ``position_transformer``.
+``FAMILY_SCHEMES`` (a cross-attention prior's: sinusoidal stacks, or those of ``--position-scheme``, with the
+prior); any other combination through the flags on ``position_transformer``.
 """
 
 import logging
@@ -38,12 +43,15 @@ from ._config import add_attention_backend_arg
 from .relative_transformer import _wrap_layer
 from ..flags import FlagError, OneLineFlag, one_of
 from ..modules.fused_attention import check_backend
-from ..modules.positional_attention import PositionalSelfAttention
+from ..modules.positional_attention import PositionalCrossAttention, PositionalSelfAttention
 from ..schemes import FAMILY_SCHEMES, POSITION_TRANSFORMER, SCHEMES, SIZES
 
 logger = logging.getLogger(__name__)
 STACK_SCHEMES = {n: s for n, s in SCHEMES.items() if s.selectable}  # what --position-scheme can name
-SCHEME_CLASSES = tuple(dict.fromkeys(s.cls for s in STACK_SCHEMES.values()))  # each once, in the table's order
+CROSS_PRIORS = {n: s for n, s in SCHEMES.items() if s.cross}  # what --cross-position-prior can name (and none)
+# each once, in the table's order
+SCHEME_CLASSES = tuple(dict.fromkeys(s.cls for s in (*STACK_SCHEMES.values(), *CROSS_PRIORS.values())))
+NO_PRIOR = "none"
 
 
 def _scheme_names(encoder):
@@ -58,6 +66,9 @@ def add_position_args(parser):
         why = " (an encoder without positions is permutation-invariant)" if encoder else ""
         parser.add_argument(flag, action=OneLineFlag, parse=one_of(_scheme_names(encoder), why), metavar="SCHEME",
                             help=f"position scheme of {what}: one of {names}")
+    parser.add_argument("--cross-position-prior", action=OneLineFlag, parse=one_of((NO_PRIOR, *CROSS_PRIORS)),
+                        metavar="PRIOR", help=f"a position prior in the decoder's cross-attention, with any stack "
+                                              f"scheme: {NO_PRIOR} (default) or {', '.join(CROSS_PRIORS)}")
     for cls in SCHEME_CLASSES:
         cls.add_args(parser)
     add_attention_backend_arg(parser)
@@ -69,14 +80,18 @@ def check_flags_act(args, encoder, decoder):
     default are refused: a checkpoint's stored arguments hold every flag filled with its default, whatever its
     scheme."""
     used = {encoder.name, decoder.name}
-    for scheme in STACK_SCHEMES.values():
-        if scheme.name in used:
+    prior = cross_prior(args)
+    for scheme in (*STACK_SCHEMES.values(), *CROSS_PRIORS.values()):
+        if scheme.name in used or scheme is prior:
             continue
         for flag in scheme.cls.flags:
             value = getattr(args, flag.dest, None)
             if value is not None and value != flag.default:
-                raise FlagError(f"{flag.flag} is a {scheme.name} flag, and this model's position schemes are "
-                                f"{encoder.name} (encoder) and {decoder.name} (decoder): it would do nothing")
+                ours = (f"cross-attention prior is {args.cross_position_prior}" if scheme.cross else
+                        f"position schemes are {encoder.name} (encoder) and {decoder.name} (decoder)")
+                article = "an" if scheme.name[0] in "aeiou" else "a"
+                raise FlagError(f"{flag.flag} is {article} {scheme.name} flag, and this model's {ours}: it would do "
+                                "nothing")
     for side, scheme in (("encoder", encoder), ("decoder", decoder)):
         # refused where no value of the flag could give the stack a learned table (every-layer's --learned-pos
         # supersedes it, as fairseq's TransformerConfig reads them, and transformer_every_layer_pos took it so)
@@ -96,6 +111,15 @@ def stack_schemes(args):
             raise ValueError(f"--{side}-position-scheme must be one of {', '.join(_scheme_names(side == 'encoder'))}"
                              f" (got {name!r})")
     return STACK_SCHEMES[encoder], STACK_SCHEMES[decoder]
+
+
+def cross_prior(args):
+    """The row of the decoder's cross-attention prior, or None (ValueError with one line for an unknown name:
+    --model-overrides sets it unparsed)."""
+    name = getattr(args, "cross_position_prior", None) or NO_PRIOR
+    if name != NO_PRIOR and name not in CROSS_PRIORS:
+        raise FlagError(f"--cross-position-prior must be one of {', '.join((NO_PRIOR, *CROSS_PRIORS))} (got {name!r})")
+    return CROSS_PRIORS.get(name)
 
 
 def _positional(layer_base):
@@ -125,7 +149,21 @@ def _positional(layer_base):
 
 
 PositionalEncoderLayer = _positional(TransformerEncoderLayerBase)
-PositionalDecoderLayer = _positional(TransformerDecoderLayerBase)
+
+
+class PositionalDecoderLayer(_positional(TransformerDecoderLayerBase)):
+    def __init__(self, cfg, *args, cross_prior=None, **kwargs):
+        object.__setattr__(self, "cross_prior", cross_prior)  # the decoder's, as position_scheme is the stack's
+        super().__init__(cfg, *args, **kwargs)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        prior = self.cross_prior
+        if prior is None:
+            return super().build_encoder_attention(embed_dim, cfg)
+        # fairseq's constructor arguments (xformers' aside: the prior needs the one SDPA path)
+        return PositionalCrossAttention(embed_dim, cfg.decoder.attention_heads, prior, kdim=cfg.encoder.embed_dim,
+                                        vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
+                                        q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
 
 
 def _add_block_signal(layer, args):
@@ -197,18 +235,23 @@ class PositionEncoder(TransformerEncoderBase):
 
 
 class PositionDecoder(TransformerDecoderBase):
-    def __init__(self, cfg, dictionary, embed_tokens, scheme, no_encoder_attn=False):
+    def __init__(self, cfg, dictionary, embed_tokens, scheme, prior=None, no_encoder_attn=False):
         embed_dim, heads = cfg.decoder.embed_dim, cfg.decoder.attention_heads
         module = scheme.cls.build(cfg, heads, embed_dim // heads, causal=True)
-        object.__setattr__(self, "position_scheme", module)  # for build_decoder_layer, as the encoder's
+        cross = prior.cls.build_cross(cfg, heads) if prior is not None else None
+        # for build_decoder_layer, as the encoder's: plain references while fairseq's __init__ builds the layers
+        object.__setattr__(self, "position_scheme", module)
+        object.__setattr__(self, "cross_position_prior", cross)
         self.every_block = scheme.cls.every_block
         cfg.decoder.learned_pos = scheme.cls.learned_table(cfg.decoder.learned_pos)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.position_scheme = module
+        self.cross_position_prior = cross  # owned here, shared by the layers' cross-attention
         self.embed_positions = scheme.cls.embed(cfg, self, embed_dim, cfg.max_target_positions)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = PositionalDecoderLayer(cfg, no_encoder_attn, position_scheme=self.position_scheme)
+        layer = PositionalDecoderLayer(cfg, no_encoder_attn, position_scheme=self.position_scheme,
+                                       cross_prior=self.cross_position_prior)
         return _block_input(_wrap_layer(layer, cfg), self.every_block)
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
@@ -239,9 +282,13 @@ class PositionTransformerModel(PluginTransformerModel):
     def prepare_args(cls, args):
         position_transformer(args)
         encoder, decoder = stack_schemes(args)
+        prior = cross_prior(args)
         check_flags_act(args, encoder, decoder)
-        for cls in dict.fromkeys((encoder.cls, decoder.cls)):
+        for cls in dict.fromkeys((encoder.cls, decoder.cls, *((prior.cls,) if prior else ()))):
             cls.validate(args)
+        if prior is not None and args.no_cross_attention:
+            raise FlagError(f"--cross-position-prior {prior.name} needs cross-attention, and --no-cross-attention "
+                            "removes it")
         if getattr(args, "arch", None) == POSITION_TRANSFORMER:  # fairseq's base dims: say so, once per build
             logger.warning(f"--arch position_transformer builds fairseq's transformer (base) dims, "
                            f"{args.encoder_layers}+{args.decoder_layers} layers of {args.encoder_embed_dim}, with "
@@ -256,14 +303,21 @@ class PositionTransformerModel(PluginTransformerModel):
 
     @classmethod
     def stack_args(cls, args, decoder):
-        return {"scheme": stack_schemes(args)[decoder]}
+        scheme = stack_schemes(args)[decoder]
+        return {"scheme": scheme, "prior": cross_prior(args)} if decoder else {"scheme": scheme}
 
     def family_name(self):
-        row = SCHEMES[self.args.position_scheme]
+        """The architectures' prefix of the model's row (a cross-attention prior's, where the model has one)."""
+        prior = cross_prior(self.args)
+        row = prior if prior is not None else SCHEMES[self.args.position_scheme]
         return row.arch_prefix if row.family == POSITION_TRANSFORMER else f"{row.name}_transformer"
 
     def position_schemes(self):
-        return tuple(s.name for s in stack_schemes(self.args))
+        """(encoder, decoder), the decoder's as ``<scheme>+<prior>`` with a cross-attention prior: a fixed prior
+        has no parameters, so only the record tells its checkpoints from the plain decoder's."""
+        encoder, decoder = stack_schemes(self.args)
+        prior = cross_prior(self.args)
+        return encoder.name, decoder.name if prior is None else f"{decoder.name}+{prior.name}"
 
 
 # architectures
@@ -274,6 +328,7 @@ def position_transformer(args):
     args.position_scheme = getattr(args, "position_scheme", None) or "sinusoidal"
     args.encoder_position_scheme = getattr(args, "encoder_position_scheme", None)
     args.decoder_position_scheme = getattr(args, "decoder_position_scheme", None)
+    args.cross_position_prior = getattr(args, "cross_position_prior", None) or NO_PRIOR
     for cls in SCHEME_CLASSES:  # every scheme's: a checkpoint's arguments hold them all, whatever its schemes
         cls.defaults(args)
     args.attention_backend = getattr(args, "attention_backend", None) or "sdpa"
@@ -289,6 +344,13 @@ assert SIZE_DIMS.keys() == SIZES.keys()
 def _register(scheme):
     """The scheme's architectures: its arch prefix with each size's suffix (``Scheme.arch``)."""
     def pick(args):
+        if scheme.cross:  # the prior's architectures: any stack scheme (sinusoidal by default)
+            given = getattr(args, "cross_position_prior", None)
+            if given not in (None, scheme.name):
+                raise FlagError(f"--cross-position-prior {given} contradicts --arch {scheme.arch_prefix}*: use "
+                                f"position_transformer --cross-position-prior {given}")
+            args.cross_position_prior = scheme.name
+            return
         given = getattr(args, "position_scheme", None)
         if given not in (None, scheme.name):  # it would build another scheme under this scheme's name
             other = SCHEMES.get(given)

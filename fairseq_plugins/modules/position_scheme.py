@@ -5,6 +5,7 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
     x^(n) = block_{n−1}(x^(n−1)) + embed(w),  n ≥ 2, where every_block     (the stack, before each block)
     q, k  = rotate(q, k, pos)                                              (each self-attention, before its cache)
     e_ij  = q_i·k_j / sqrt(d_z) + score_bias(i, j)_h + mask_ij,  out_i = Σ_j softmax_j(e_ij) v_j
+    e_ij  = q_i·k_j / sqrt(d_z) + cross_bias(i, j, S)_h + mask_ij                (cross-attention, with a prior)
 
 - ``embed(cfg, stack, embed_dim, max_positions)`` (class hook, at build): the module the stack keeps as fairseq's
   ``embed_positions``, (B, T) tokens → (B, T, C = embed_dim) added to the token embeddings; None adds nothing.
@@ -14,20 +15,26 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
   the input of every block after the first (FLOATER's Table 2 baseline, ``every_layer.py``).
 - ``build(cfg, heads, head_dim, causal)`` (class hook, at build): the scheme's module in self-attention, one
   per stack and shared by its layers (a T5 table is one set of parameters per stack), or None: fairseq's own
-  attention. Cross-attention stays fairseq's (source and target positions are not comparable).
+  attention.
 - ``rotate(q, k, pos)``: q, k (B, H, T, d) rotated by their positions pos (T,) → (q, k); default: unchanged.
 - ``score_bias(q_pos, k_pos, dtype)``: the logit bias (H, T, S) for query positions q_pos (T,) and key positions
   k_pos (S,), in dtype (float32, or float64 for a float64 model); default None: no bias. ``flex_score_mod`` may
   give the same bias as FlexAttention's score_mod (``fused_attention.bias_score_mod``).
+- ``build_cross(cfg, heads)`` (class hook, at build) and ``cross_bias(q_pos, k_pos, src_lengths, dtype)``: a prior
+  in the decoder's cross-attention (``--cross-position-prior``, whatever the stacks' schemes): the module, one
+  per decoder and shared by its layers, or None (cross-attention stays fairseq's: source and target positions
+  are not comparable without one); its logit bias (B, H, T, S) for decoder positions q_pos (T,), each key's
+  position among its sentence's real tokens k_pos (B, S) and the real source lengths src_lengths (B,).
 
 Flags belong to their scheme: ``flags`` (``fairseq_plugins/flags.py``'s ``Flag``: name, parser, help, default)
 are added by ``add_args``, filled in by ``defaults`` and checked by ``validate`` (``FlagError``, one line) on a
-model one of whose stacks uses the scheme; on any other model a value other than the default is refused.
+model one of whose stacks uses the scheme (or whose cross-attention prior it is); on any other model a value
+other than the default is refused.
 
 Mapping to code: ``PositionScheme`` is that contract; ``Sinusoidal``, ``Learned`` and ``NoPE`` are fairseq's two
 embeddings and no position at all, which need none of the hooks' maths; every other scheme is one module of
 this package (``t5_bias``, ``alibi``, ``kerple``, ``fire``, ``rope``, ``shape_positions``, ``cape``,
-``randomized_positions``, ``every_layer``).
+``randomized_positions``, ``every_layer``; ``cross_prior`` in cross-attention).
 """
 
 from typing import Optional, Tuple
@@ -89,6 +96,16 @@ class PositionScheme(nn.Module):
         return q, k
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Optional[Tensor]:
+        return None
+
+    # -- inside the decoder's cross-attention (a cross-attention prior) ---------------------------------------
+
+    @classmethod
+    def build_cross(cls, cfg, heads: int) -> Optional["PositionScheme"]:
+        return None
+
+    def cross_bias(self, q_pos: Tensor, k_pos: Tensor, src_lengths: Tensor,
+                   dtype: torch.dtype = torch.float32) -> Optional[Tensor]:
         return None
 
 

@@ -1,21 +1,27 @@
-"""Self-attention with a position scheme's hooks (``position_scheme.py``), always in this order: a rotation of q
-and k (RoPE), then a logit bias (T5, ALiBi, KERPLE, FIRE).
+"""Attention with a position scheme's hooks (``position_scheme.py``): in self-attention, always in this order, a
+rotation of q and k (RoPE), then a logit bias (T5, ALiBi, KERPLE, FIRE); in the decoder's cross-attention, a
+prior's logit bias (``cross_prior.py``).
 
     e_ij = (R_i q_i)·(R_j k_j) / sqrt(d_z) + bias_h(i, j) + mask_ij,   out_i = Σ_j softmax_j(e_ij) v_j
 
 with R = identity and bias = 0 where the scheme leaves the hook out (each scheme's module gives its maths).
-Positions are token indices in the padded sequence (0..T−1; during incremental decoding the step's index,
-from the cached keys' length): only differences i − j enter, so fairseq's left-padded sources give each
-sentence the same logits as alone.
+In self-attention, positions are token indices in the padded sequence (0..T−1; during incremental decoding the
+step's index, from the cached keys' length): only differences i − j enter, so fairseq's left-padded sources give
+each sentence the same logits as alone. In cross-attention, i is the decoder position (while decoding step by
+step, a step counter kept in the incremental state) and j each source token's rank among its sentence's real
+tokens, with the sentence's real length S: both count real tokens only, so padding changes nothing.
 
-Mapping to code: ``PositionalSelfAttention`` is fairseq's ``MultiheadAttention`` (same parameters, names and
-incremental-state layout, so fairseq's beam reordering works unchanged) whose forward projects q, k, v, calls
-``scheme.rotate(q, k, positions)`` (before caching k), and calls torch's fused ``scaled_dot_product_attention`` with
-the scheme's bias added to fairseq's masks as one float mask (H, T, S) (or (B, H, T, S) with padding); the
-explicit softmax path runs only when the attention weights are asked for. ``attention_backend="flex"``
-(``--attention-backend flex``) runs the score biases through FlexAttention instead (``fused_attention.py``),
-except while decoding step by step. The scheme object is shared by all
-layers of a stack and owned by the stack (a T5 table is one set of parameters per stack).
+Mapping to code: ``PositionalAttention`` is fairseq's ``MultiheadAttention`` (same parameters, names and
+incremental-state layout, so fairseq's beam reordering works unchanged) with one forward: it projects q, k, v
+(``PositionalSelfAttention``: from the query, ``scheme.rotate(q, k, positions)`` before caching k;
+``PositionalCrossAttention``: from the encoder's states, cached at the first decoding step), then calls
+torch's fused ``scaled_dot_product_attention`` (``fused_attention.biased_sdpa``) with the bias added to
+fairseq's masks as one float mask ((H, T, S), or (B, H, T, S) with padding or a per-sentence prior); the explicit
+softmax path runs only when the attention weights are asked for. ``attention_backend="flex"``
+(``--attention-backend flex``) runs the self-attention score biases through FlexAttention instead
+(``fused_attention.py``), except while decoding step by step; the cross-attention prior keeps SDPA. The scheme
+object is shared by all layers of a stack and owned by the stack (a T5 table is one set of parameters per stack;
+the prior is the decoder's).
 """
 
 from typing import Optional, Tuple
@@ -28,52 +34,46 @@ from torch import Tensor
 from .floater.attention import _additive_mask
 from .fused_attention import bias_score_mod, biased_sdpa, check_backend, flex, flex_mask
 
+STEP = "prior_step"  # the cross-attention's incremental state: the next decoder position, (B,) long
 
-class PositionalSelfAttention(MultiheadAttention):
+
+class PositionalAttention(MultiheadAttention):
+    """The one forward; a subclass gives q, k, v with their positions (``_project``) and the bias (``_bias``)."""
+
     def __init__(self, embed_dim: int, num_heads: int, scheme, dropout: float = 0.0, q_noise: float = 0.0,
-                 qn_block_size: int = 8, attention_backend: str = "sdpa"):
-        super().__init__(embed_dim, num_heads, dropout=dropout, self_attention=True, q_noise=q_noise,
-                         qn_block_size=qn_block_size)
+                 qn_block_size: int = 8, attention_backend: str = "sdpa", **kwargs):
+        super().__init__(embed_dim, num_heads, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
+                         **kwargs)
         check_backend(attention_backend, dropout)
         object.__setattr__(self, "scheme", scheme)  # the stack's: not a submodule of every layer
         self.attention_backend = attention_backend
+
+    def _split(self, x: Tensor, bsz: int) -> Tensor:  # (T, B, C) → (B, H, T, d)
+        return x.view(x.size(0), bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
     def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
                 key_padding_mask: Optional[Tensor] = None, incremental_state=None, need_weights: bool = True,
                 static_kv: bool = False, attn_mask: Optional[Tensor] = None, before_softmax: bool = False,
                 need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         if before_softmax:
-            raise ValueError("PositionalSelfAttention does not return logits before the softmax")
+            raise ValueError(f"{type(self).__name__} does not return logits before the softmax")
         tgt_len, bsz, embed_dim = query.size()
-        heads, head_dim = self.num_heads, self.head_dim
-
-        def split(x):  # (T, B, C) → (B, H, T, d)
-            return x.view(x.size(0), bsz, heads, head_dim).permute(1, 2, 0, 3)
-
-        q, k, v = split(self.q_proj(query)), split(self.k_proj(query)), split(self.v_proj(query))
         saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
-        start = saved["prev_key"].size(2) if saved is not None and "prev_key" in saved else 0
-        positions = torch.arange(start, start + tgt_len, device=query.device)
-        q, k = self.scheme.rotate(q, k, positions)  # (B, H, T, d) each
+        q = self._split(self.q_proj(query), bsz)
+        # (B, H, T, d), (B, H, S, d) ×2, (T,) query positions; the incremental state updated in `saved`
+        q, k, v, key_padding_mask, positions = self._project(q, query, key, key_padding_mask, saved, static_kv)
         if saved is not None:
-            if "prev_key" in saved:
-                k = torch.cat([saved["prev_key"], k], dim=2)
-                v = torch.cat([saved["prev_value"], v], dim=2)
-            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask, saved.get("prev_key_padding_mask"), bsz, k.size(2), False)
-            saved["prev_key"], saved["prev_value"] = k, v
-            saved["prev_key_padding_mask"] = key_padding_mask
             self._set_input_buffer(incremental_state, saved)
         src_len = k.size(2)
-        if (self.attention_backend == "flex" and saved is None and not (need_weights or need_head_weights)
-                and (attn_mask is None or attn_mask.dim() == 2)):
+        if (self.attention_backend == "flex" and not self.encoder_decoder_attention and saved is None
+                and not (need_weights or need_head_weights) and (attn_mask is None or attn_mask.dim() == 2)):
             score_mod, buffers = bias_score_mod(self.scheme, tgt_len, src_len, query.device,
                                                 torch.float64 if q.dtype == torch.float64 else torch.float32)
             out, _ = flex(q, k, v, score_mod, buffers, flex_mask(attn_mask, key_padding_mask), scale=self.scaling)
             return self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)), None
-        mask = _additive_mask(attn_mask, key_padding_mask, bsz, heads, tgt_len, src_len, q.dtype)
+        mask = _additive_mask(attn_mask, key_padding_mask, bsz, self.num_heads, tgt_len, src_len, q.dtype)
         exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
-        bias = self.scheme.score_bias(positions, torch.arange(src_len, device=query.device), exact)  # (H, T, S)
+        bias = self._bias(positions, key_padding_mask, src_len, exact)  # (H, T, S) or (B, H, T, S)
         dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
         weights = None
         if need_weights or need_head_weights:
@@ -92,3 +92,73 @@ class PositionalSelfAttention(MultiheadAttention):
             out = biased_sdpa(q, k, v, mask, bias, dropout_p)
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out), weights
+
+
+class PositionalSelfAttention(PositionalAttention):
+    def __init__(self, embed_dim: int, num_heads: int, scheme, dropout: float = 0.0, q_noise: float = 0.0,
+                 qn_block_size: int = 8, attention_backend: str = "sdpa"):
+        super().__init__(embed_dim, num_heads, scheme, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
+                         attention_backend=attention_backend, self_attention=True)
+
+    def _project(self, q, query, key, key_padding_mask, saved, static_kv):
+        bsz, tgt_len = q.size(0), q.size(2)
+        k, v = self._split(self.k_proj(query), bsz), self._split(self.v_proj(query), bsz)
+        start = saved["prev_key"].size(2) if saved is not None and "prev_key" in saved else 0
+        positions = torch.arange(start, start + tgt_len, device=query.device)
+        q, k = self.scheme.rotate(q, k, positions)  # (B, H, T, d) each
+        if saved is not None:
+            if "prev_key" in saved:
+                k = torch.cat([saved["prev_key"], k], dim=2)
+                v = torch.cat([saved["prev_value"], v], dim=2)
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask, saved.get("prev_key_padding_mask"), bsz, k.size(2), False)
+            saved["prev_key"], saved["prev_value"] = k, v
+            saved["prev_key_padding_mask"] = key_padding_mask
+        return q, k, v, key_padding_mask, positions
+
+    def _bias(self, positions, key_padding_mask, src_len, dtype):
+        return self.scheme.score_bias(positions, torch.arange(src_len, device=positions.device), dtype)
+
+
+class PositionalCrossAttention(PositionalAttention):
+    """The decoder's cross-attention with a prior (``scheme.cross_bias``): fairseq's encoder-decoder attention,
+    its parameters (kdim, vdim) and its incremental state (the encoder's keys and values, projected at the first
+    step, and their padding mask), plus the step counter ``prior_step`` that gives the query's position."""
+
+    def __init__(self, embed_dim: int, num_heads: int, prior, kdim: int, vdim: int, dropout: float = 0.0,
+                 q_noise: float = 0.0, qn_block_size: int = 8):
+        super().__init__(embed_dim, num_heads, prior, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
+                         kdim=kdim, vdim=vdim, encoder_decoder_attention=True)
+
+    def set_beam_size(self, beam_size):
+        """fairseq's beamable cross-attention (beam_size > 1) keeps one copy of the encoder states per sentence;
+        this one keeps one per hypothesis, as fairseq does at beam size 1 (fairseq's SequenceGenerator sets no
+        beam size on a Transformer; a decoder's ``set_beam_size`` would reach this module)."""
+
+    def _project(self, q, query, key, key_padding_mask, saved, static_kv):
+        bsz, tgt_len = q.size(0), q.size(2)
+        if saved is not None and "prev_key" in saved:
+            if not static_kv:
+                raise ValueError("PositionalCrossAttention: incremental decoding needs static_kv (the encoder's "
+                                 "states, projected once)")
+            k, v, key_padding_mask, start = (saved["prev_key"], saved["prev_value"], saved["prev_key_padding_mask"],
+                                             saved[STEP])
+        else:
+            # as fairseq: keys and values are both projections of the encoder states
+            k, v = self._split(self.k_proj(key), bsz), self._split(self.v_proj(key), bsz)
+            start = torch.zeros(bsz, dtype=torch.long, device=query.device)
+        positions = start[:1] + torch.arange(tgt_len, device=query.device)  # every hypothesis is at the same step
+        if saved is not None:
+            saved["prev_key"], saved["prev_value"], saved["prev_key_padding_mask"] = k, v, key_padding_mask
+            saved[STEP] = start + tgt_len
+        return q, k, v, key_padding_mask, positions
+
+    def _bias(self, positions, key_padding_mask, src_len, dtype):
+        if key_padding_mask is None:
+            k_pos = torch.arange(src_len, device=positions.device)[None]  # (1, S)
+            src_lengths = torch.full((1,), src_len, device=positions.device)
+        else:
+            real = ~key_padding_mask.to(torch.bool)  # (B, S)
+            k_pos = real.long().cumsum(1) - 1  # each key's rank among its sentence's real tokens (pads: masked)
+            src_lengths = real.sum(1)
+        return self.scheme.cross_bias(positions, k_pos, src_lengths, dtype)  # (B|1, H, T, S)

@@ -104,3 +104,13 @@ def assert_incremental_with_reorder_equals_full(model, atol):
         step = model.get_normalized_probs(model.decoder(prev[:, : t + 1], encoder_out=encoder_out,
                                                         incremental_state=state), log_probs=True)
         torch.testing.assert_close(step[:, 0], full[:, t], rtol=0, atol=atol)
+
+
+def assert_alone_equals_left_padded(model):
+    """Each sentence of fixed_batch() (left-padded sources) alone gives the decoder outputs it gets in the batch."""
+    src, lengths, prev = fixed_batch()
+    together = model(src, lengths, prev)[0]
+    for b in range(3):
+        n = int(lengths[b])
+        alone = model(src[b:b + 1, -n:], lengths[b:b + 1], prev[b:b + 1])[0]
+        torch.testing.assert_close(alone[0], together[b], rtol=0, atol=1e-9)
