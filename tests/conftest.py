@@ -142,10 +142,25 @@ def on_the_diagonal(item):
     return all(index[name] == index[longest] % size for name, size in sizes.items())
 
 
+# The costliest files first (CPU seconds of make test, 2-core machine), longest first: pytest-xdist's loadfile hands
+# out whole files in collection order, so a long file collected last runs alone at the end while the other worker
+# idles. Pairs that share a fixture built once per run are adjacent, so that one worker builds it and the other
+# does not wait on its lock: the study's first run (study, study_schemes), the toy models (hub, precision_decode).
+COSTLIEST_FIRST = ("test_multi30k_study", "test_hub", "test_multi30k_study_schemes", "test_precision_decode",
+                   "test_gpu_check_calibrate", "test_multi30k_study_train_short", "test_pipeline", "test_gpu_bundle",
+                   "test_slurm", "test_multi30k_study_retrain", "test_multi30k_smoke", "test_learning",
+                   "test_gpu_check", "test_configs", "test_position_schemes", "test_precision")
+
+
+def _module(item):
+    return item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
-        if (module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if (_module(item) in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
                 or (item.get_closest_marker("matrix") and not on_the_diagonal(item))):
             item.add_marker(pytest.mark.slow)
+    rank = {name: i for i, name in enumerate(COSTLIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_module(item), len(rank)))  # stable: each file keeps its own order
 

@@ -111,3 +111,17 @@ def test_make_runs_both_tiers_on_workers_with_durations_and_the_fast_one_clocked
     assert "-n $(JOBS)" in pytest_line and "--dist loadfile" in pytest_line and "--durations=" in pytest_line
     assert "$(PYTEST)" in recipes["test"] and "TIER_MAX_SECONDS" not in recipes["test"]
     assert "TIER_MAX_SECONDS=$(TIER_MAX_SECONDS) $(PYTEST) -m \"not slow\"" in recipes["test-fast"]
+
+
+@pytest.mark.slow  # collects the whole suite
+def test_the_costliest_files_are_collected_first_and_exist():
+    # pytest-xdist's loadfile schedules whole files in collection order: a long file collected last would run
+    # alone at the end of make test
+    from conftest import COSTLIEST_FIRST
+
+    assert all((TESTS / f"{name}.py").is_file() for name in COSTLIEST_FIRST), "a renamed or deleted file"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
+                          capture_output=True, text=True, check=True, cwd=TESTS.parent)
+    files = list(dict.fromkeys(line.split("::", 1)[0] for line in proc.stdout.splitlines() if "::" in line))
+    assert files[:len(COSTLIEST_FIRST)] == [f"tests/{name}.py" for name in COSTLIEST_FIRST]
+    assert len(files) == len(set(files)), "each file's tests stay together"
