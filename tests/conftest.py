@@ -142,14 +142,17 @@ def on_the_diagonal(item):
     return all(index[name] == index[longest] % size for name, size in sizes.items())
 
 
-# The costliest files first (CPU seconds of make test, 2-core machine), longest first: pytest-xdist's loadfile hands
-# out whole files in collection order, so a long file collected last runs alone at the end while the other worker
-# idles. Pairs that share a fixture built once per run are adjacent, so that one worker builds it and the other
-# does not wait on its lock: the study's first run (study, study_schemes), the toy models (hub, precision_decode).
-COSTLIEST_FIRST = ("test_multi30k_study", "test_hub", "test_multi30k_study_schemes", "test_precision_decode",
-                   "test_gpu_check_calibrate", "test_multi30k_study_train_short", "test_pipeline", "test_gpu_bundle",
-                   "test_slurm", "test_multi30k_study_retrain", "test_multi30k_smoke", "test_learning",
-                   "test_gpu_check", "test_configs", "test_position_schemes", "test_precision")
+# The costliest files first, by their CPU seconds in make test (2-core machine, 2026-11-26: 229 for the study's
+# file down to 47), longest first: pytest-xdist's loadfile hands out whole files in collection order (two to each
+# worker at the start), so a long file collected last runs alone at the end while the other worker idles. The
+# first four pair the files that share a fixture built once per run, one pair a worker, so that neither waits on
+# the other's lock: the study's first run (study, study_schemes) and the toy models (pipeline, hub).
+COSTLIEST_FIRST = ("test_multi30k_study", "test_pipeline", "test_multi30k_study_schemes", "test_hub",
+                   "test_multi30k_study_train_short", "test_precision", "test_floater_cuda_graph",
+                   "test_precision_decode", "test_distributed", "test_gpu_check_calibrate", "test_fairseq_patch",
+                   "test_gpu_bundle", "test_multi30k_study_retrain", "test_multi30k_smoke", "test_bad_input",
+                   "test_readme", "test_learning", "test_position_schemes", "test_configs", "test_launchers",
+                   "test_gpu_check")
 
 
 def _module(item):
