@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers.precision_harness import MODELS, MODES
 
 TESTS = Path(__file__).resolve().parent
