@@ -443,14 +443,13 @@ def train_and_decode(job):
 def section_precision(ctx, rows):
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    if ctx.dry_run:
-        archs, modes, updates = ["rope_transformer_tiny"], ["bf16"], 4
-    else:  # every scheme of the table at its tiny size, and FLOATER's graph path
-        from fairseq_plugins.schemes import MODELS as SCHEME_MODELS, arch_and_flags
+    from fairseq_plugins.schemes import MODELS as SCHEME_MODELS, arch_and_flags
 
-        # FLOATER's graph path is section b's, in fairseq's Trainer in all four modes (decoding never takes it)
-        archs = [" ".join(arch_and_flags(name)) for name in SCHEME_MODELS]
-        modes, updates = ["fp16", "bf16", "amp"], 100
+    # every scheme of the table (or --models) at its tiny size; FLOATER's graph path is section b's, in fairseq's
+    # Trainer in all four modes (decoding never takes it)
+    names = model_names(ctx.models) or (["rope"] if ctx.dry_run else SCHEME_MODELS)
+    archs = [" ".join(arch_and_flags(name)) for name in names]
+    modes, updates = (["bf16"], 4) if ctx.dry_run else (["fp16", "bf16", "amp"], 100)
     jobs = ctx.jobs or (2 if ctx.dry_run else os.cpu_count() or 1)
     rows.add("plan", archs=archs, modes=["fp32", *modes], updates=updates, jobs=jobs)
     # the slowest jobs (FLOATER's solve) first, so that the last wave is short
@@ -563,7 +562,7 @@ def section_main(args):
         with tempfile.TemporaryDirectory(prefix="gpu_check.") as work:
             ctx = argparse.Namespace(dry_run=args.dry_run, device="cpu" if args.dry_run else "cuda",
                                      data=Path(args.data) if args.data else None, out_dir=Path(args.out_dir),
-                                     jobs=args.jobs, work=Path(work))
+                                     jobs=args.jobs, models=args.models, work=Path(work))
             emulation = contextlib.nullcontext()
             if args.dry_run and name in EMULATED:  # CUDA graphs' buffer semantics on CPU: the test layer's
                 from helpers.cuda_graph_emulation import emulated_cuda_graphs  # emulation (tests/ on PYTHONPATH)
@@ -614,7 +613,7 @@ def run_section(name, args, cap, data, work):
     cmd = [sys.executable, str(Path(__file__).resolve()), "--section", name, "--rows-file", str(rows_file),
            "--out-dir", str(args.out_dir)]
     cmd += (["--dry-run"] if args.dry_run else []) + (["--data", str(data)] if data else []) + (
-        ["--jobs", str(args.jobs)] if args.jobs else [])
+        ["--jobs", str(args.jobs)] if args.jobs else []) + (["--models", args.models] if args.models else [])
     tail = collections.deque(maxlen=50)
     started, cpu = time.monotonic(), children_cpu()
     proc, pump = start_group(cmd, f"  {name}| ", tail, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -921,12 +920,7 @@ def progress(log_path):
 
 
 def calibrate(args):
-    models = args.models.split()
-    known = set(calibrate_models())
-    for m in models:
-        if m not in known:
-            raise CheckError(f"--models {args.models}: unknown model '{m}' "
-                             f"(expected some of {' '.join(sorted(known))})")
+    models = model_names(args.models or CALIBRATE_MODELS)
     try:
         multi30k = find_multi30k(args.multi30k)
     except CheckError:
@@ -1006,10 +1000,15 @@ def small_multi30k(multi30k, work):
     return small
 
 
-def calibrate_models():
+def model_names(given):
+    """--models as a list of the table's schemes (space- or comma-separated); [] when not given."""
     from fairseq_plugins.schemes import MODELS as SCHEME_MODELS
 
-    return list(SCHEME_MODELS)
+    models = (given or "").replace(",", " ").split()
+    for m in models:
+        if m not in SCHEME_MODELS:
+            raise CheckError(f"--models {given}: unknown model '{m}' (expected some of {' '.join(SCHEME_MODELS)})")
+    return models
 
 
 def calibrate_rows(report, models, runs, work, reason):
@@ -1097,7 +1096,9 @@ def main(argv=None):
     p.add_argument("--calibrate", action="store_true",
                    help="instead: the Multi30k recipe at the literature's 8,000 updates "
                         "(results/gpu_check_calibrate.md)")
-    p.add_argument("--models", default=CALIBRATE_MODELS, help="--calibrate: the models, seed 1 each")
+    p.add_argument("--models", default=None,
+                   help="the schemes (space- or comma-separated): section c's archs (default: every scheme of the "
+                        f"table), or --calibrate's models, seed 1 each (default: {CALIBRATE_MODELS})")
     p.add_argument("--multi30k", help="--calibrate: Multi30k's folder (default: data/multi30k, shared/data/multi30k "
                                       "or ../shared/data/multi30k)")
     p.add_argument("--section", choices=tuple(SECTIONS), help=argparse.SUPPRESS)  # the child running one section
@@ -1123,6 +1124,7 @@ def main(argv=None):
         selected = [s for s in SECTIONS if s in selected]
         if args.jobs is not None and args.jobs < 1:
             raise CheckError(f"--jobs {args.jobs}: expected a positive number")
+        model_names(args.models)
         if args.calibrate and (args.multi30k or not args.dry_run):  # the dry run has the toy task to fall back on
             find_multi30k(args.multi30k)
     except CheckError as e:
