@@ -521,7 +521,7 @@ def run_bench(rows, args, out_json, out_md, **extra):
         rows.add("ratio", model=r["model"], length=r["length"], train_ratio=r.get("train_ratio"),
                  memory_ratio=r.get("memory_ratio"),
                  train_ms=None if r.get("train_update_median_s") is None else r["train_update_median_s"] * 1e3,
-                 peak_mib=r.get("peak_memory_mib"), **{field: r.get(key) for field, key in extra.items()})
+                 peak_mib=r.get("peak_memory_mib"), error=r.get("error"), **{field: r.get(key) for field, key in extra.items()})
 
 
 # -- e. fused attention --------------------------------------------------------------------------------------
@@ -788,7 +788,7 @@ def fused_lines(report):
                 continue
             train_goal, memory_goal = FUSED_GOALS[name]
             met = [flex.get("train_ratio"), flex.get("memory_ratio")]
-            verdict = ("—" if met[0] is None else
+            verdict = (f"failed: {flex['error']}" if flex.get("error") else "—" if met[0] is None else
                        "yes" if met[0] <= train_goal and (met[1] is None or met[1] <= memory_goal) else "no")
             lines.append(f"| {name} | {T} | {fmt(today.get('train_ratio'), '.3f')} | {fmt(met[0], '.3f')} | "
                          f"{fmt(today.get('memory_ratio'), '.3f')} | {fmt(met[1], '.3f')} | "

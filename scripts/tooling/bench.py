@@ -232,10 +232,14 @@ def memory_probe(job):
     else:
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
         base = _status_kb("VmRSS") * 1024
-    bundle = Bundle.build(job["arch"], job["flags"], dictionary, device, job["seed"])
-    for _ in range(2):
-        bundle.train_update(sample)
-    sync(device)
+    try:
+        bundle = Bundle.build(job["arch"], job["flags"], dictionary, device, job["seed"])
+        for _ in range(2):
+            bundle.train_update(sample)
+        sync(device)
+    except Exception as e:  # noqa: BLE001  its last line, as text: compiler errors hold what a pool cannot pickle
+        lines = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:500]
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else _status_kb("VmHWM") * 1024
     return (peak - base) / 2**20
 
@@ -497,10 +501,18 @@ def memory_phase(p):
             for T in p.lengths for n in p.names]
     for job, mib in measure_memory(jobs * args.memory_reps, args.memory_workers):
         row = p.rows[job["name"], job["length"]]
+        if isinstance(mib, str):  # a model that cannot train here: reported with its reason, not timed
+            row["error"] = mib
+            p.log(f"memory {job['name']:>18} T={job['length']:<4} failed: {mib}")
+            continue
         row.setdefault("peak_memory_mib_samples", []).append(mib)
         row["peak_memory_mib"] = median(row["peak_memory_mib_samples"])
         p.log(f"memory {job['name']:>18} T={job['length']:<4} {mib:9.1f} MiB")
     p.loads.append(load_average())
+    failed = {n for (n, _), row in p.rows.items() if "error" in row}
+    if BASELINE in failed:
+        raise SystemExit(f"bench: the baseline {BASELINE} failed: {p.rows[BASELINE, p.lengths[0]].get('error')}")
+    p.names[:] = [n for n in p.names if n not in failed]
 
 
 def train_phase(p, bundles, T, sample):
@@ -629,7 +641,7 @@ def report(p, params, started):
                           "before building the model, in a fresh process forked from a server that has only "
                           "imported the libraries")
                          + f"; building the model and two updates; median of {args.memory_reps} such processes",
-        "rows": [rows[n, T] for T in p.lengths for n in p.names],
+        "rows": [rows[n, T] for T in p.lengths for n in p.specs if (n, T) in rows],  # failed ones too
         "profiles": p.profiles,
         "goals": goals(rows, p.lengths, p.cached),
     }

@@ -84,6 +84,7 @@ def markdown(res):
             f"{fmt(r.get(f'decode_per_sentence_{other}_median_s'), 1e3)} | {ratio(r.get('memory_ratio'))} | "
             f"{fmt(r.get('peak_memory_mib'), 1.0, 0)} | "
             f"{'—' if r.get('ode_share') is None else format(100 * r['ode_share'], '.0f') + '%'} |")
+    lines += [f"`{r['model']}` at T = {r['length']} failed: {r['error']}" for r in res["rows"] if "error" in r]
     graphed = [r for r in res["rows"] if "graph_buckets" in r]
     if graphed:
         lines += ["", f"`{graphed[0]['model']}`: FLOATER's training solves replayed from CUDA graphs "
