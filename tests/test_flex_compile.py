@@ -87,3 +87,35 @@ def test_a_models_calls_compile_once_per_kind_and_never_recompile(name, compiled
     assert compiled_on_cpu.frame_count == compiles
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["t5", "alibi", "shaw"])
+def test_score_mods_capture_tensors_and_plain_sizes_only(name, monkeypatch):
+    """Inductor realizes as a buffer every captured input of FlexAttention's score_mod that is not a plain size
+    symbol: a size computed in the graph (Shaw's −k, from a k that the compiled call sees as symbolic) failed the
+    H100's compile ('ShapeAsConstantBuffer' object has no attribute 'dtype', results/gpu_check_2_fused.md). CPU's
+    inductor has no flex with lse, so this reads the graph that inductor would be given."""
+    import sympy
+
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    monkeypatch.setitem(fused_attention.COMPILE_BACKENDS, "cpu", recording_backend)
+    monkeypatch.setattr(fused_attention, "_COMPILED", {})
+    encoder, _ = layers(name)
+    with torch.no_grad():  # the public call refuses gradients on CPU, even while dynamo traces it
+        for T, B in ((40, 3), (64, 2)):
+            x = torch.randn(T, B, C)
+            encoder(x, x, x, need_weights=False)
+    torch._dynamo.reset()
+    captured = [arg for gm in graphs for node in gm.graph.nodes
+                if node.target is torch.ops.higher_order.flex_attention for arg in (*node.args[7], *node.args[8])]
+    assert captured, "no FlexAttention call in the compiled graphs"
+    sizes = [arg.meta["example_value"] for arg in captured
+             if isinstance(arg, torch.fx.Node) and isinstance(arg.meta.get("example_value"), torch.SymInt)]
+    computed = [str(s) for s in sizes if not isinstance(s.node.expr, sympy.Symbol)]
+    assert not computed, f"sizes computed in the graph among the score_mod's captures: {computed}"

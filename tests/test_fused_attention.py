@@ -202,15 +202,17 @@ def test_shaw_value_term_needs_the_band_and_the_tails(monkeypatch):
 
 
 def test_flex_shaw_keeps_no_pairwise_tensor():
-    """Shaw on flex: nothing the autograd graph keeps is (T, S)-sized per head beyond FlexAttention's own
-    saved inputs (on CPU the eager op builds the scores transiently; the compiled kernel never does)."""
+    """Shaw on flex: nothing the autograd graph keeps is (T, S)-sized per head, or in floating point, beyond
+    FlexAttention's own saved inputs (on CPU the eager op builds the scores transiently; the compiled kernel never
+    does). The one (T, S) tensor kept is the table of clip(j − i, k), integers shared by sentences and heads."""
     today, flex = shaw_pair(2, True, torch.float32)
     length = 32
     x = torch.randn(length, B, C)
     saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((t.shape, t.dtype)) or t, lambda t: t):
         flex(x, x, x, need_weights=False)[0].sum()
-    assert not [s for s in saved if len(s) >= 2 and tuple(s[-2:]) == (length, length)], saved
+    pairwise = [(s, dt) for s, dt in saved if len(s) >= 2 and tuple(s[-2:]) == (length, length)]
+    assert not [(s, dt) for s, dt in pairwise if len(s) > 2 or dt.is_floating_point], saved
 
 
 # -- the default path: the fused CPU kernel ---------------------------------------------------------------------

@@ -244,11 +244,15 @@ def shaw_flex(q: Tensor, k: Tensor, v: Tensor, relative_keys: Optional[Tensor], 
     buffers, score_mod = (), None
     if relative_keys is not None:
         P = torch.matmul(q, relative_keys.transpose(-1, -2))  # (B, H, T, 2k+1), q already scaled
+        # clip(j − i, k) + k read from a (T, S) table like T5's buckets: clamping inside the score_mod made −k a
+        # size computed in the compiled graph, which inductor cannot take as a captured input
+        rows = (torch.arange(S, device=q.device)[None, :] - torch.arange(T, device=q.device)[:, None])
+        rows = rows.clamp(-K, K).add_(K)
 
-        def score_mod(s, b, h, i, j, P):
-            return s + P[b, h, i, torch.clamp(j - i, -K, K) + K]
+        def score_mod(s, b, h, i, j, P, rows):
+            return s + P[b, h, i, rows[i, j]]
 
-        buffers = (P,)
+        buffers = (P, rows)
     out, lse = flex(q, k, v, score_mod, buffers, mask)
     if relative_values is None:
         return out
