@@ -113,3 +113,40 @@ def test_the_graphed_floater_needs_cuda(tmp_path):
         "--models floater_graph: FLOATER's CUDA-graph solve needs --device cuda (on CPU it runs only under "
         "gpu_check.sh --dry-run's emulation of CUDA graphs)"), proc.stdout
     assert not (tmp_path / "b.json").exists()
+
+
+def test_a_model_that_cannot_train_is_reported_and_the_others_measured(tmp_path, monkeypatch):
+    """A memory probe whose model fails (an H100's compile error: it holds a module, which the probes' pool cannot
+    pickle back, so the whole run ended) returns its reason as text; the run reports that model with it and times
+    the others."""
+    import pickle
+    import types
+
+    from tooling import bench
+
+    def failing_build(*args, **kwargs):
+        error = RuntimeError("LoweringException: the cause\nSet TORCHDYNAMO_VERBOSE=1 for more")
+        error.module = types  # what made the pool's pickling fail
+        raise error
+
+    with monkeypatch.context() as m:
+        m.setattr(bench.Bundle, "build", failing_build)
+        reason = bench.memory_probe(dict(name="t5", arch="t5_transformer_tiny", flags=[], length=8, bsz=2,
+                                         vocab=100, device="cpu", seed=1, threads=1))
+    assert reason == "RuntimeError: LoweringException: the cause" and pickle.loads(pickle.dumps(reason)) == reason
+
+    def probes(jobs, workers):  # the pool's answers, the failing model's being the reason above
+        return ((job, reason if job["name"] == "t5" else 10.0) for job in jobs)
+
+    monkeypatch.setattr(bench, "measure_memory", probes)
+    import bench as cli  # scripts/bench.py
+
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
+    cli.main(["--quick", "--silent", "--no-decode", "--models", "t5,alibi", "--out-json", str(out_json),
+              "--out-md", str(out_md)])
+    rows = {(r["model"], r["length"]): r for r in json.loads(out_json.read_text())["rows"]}
+    assert set(rows) == {(m, T) for m in ("transformer", "t5", "alibi") for T in QUICK_LENGTHS}
+    for T in QUICK_LENGTHS:
+        assert rows["t5", T]["error"] == reason and "train_update_median_s" not in rows["t5", T]
+        assert rows["alibi", T]["train_update_median_s"] > 0 and "error" not in rows["alibi", T]
+    assert f"`t5` at T = 16 failed: {reason}" in out_md.read_text()

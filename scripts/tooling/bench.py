@@ -237,9 +237,9 @@ def memory_probe(job):
         for _ in range(2):
             bundle.train_update(sample)
         sync(device)
-    except Exception as e:  # noqa: BLE001  its last line, as text: compiler errors hold what a pool cannot pickle
-        lines = str(e).strip().splitlines()
-        return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:500]
+    except Exception as e:  # noqa: BLE001  its first line, as text: compiler errors hold what a pool cannot pickle
+        lines = str(e).strip().splitlines()  # (torch's compiler errors end with advice on logging, not the cause)
+        return f"{type(e).__name__}: {lines[0] if lines else ''}"[:500]
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else _status_kb("VmHWM") * 1024
     return (peak - base) / 2**20
 
