@@ -239,7 +239,7 @@ def test_the_flag_defaults_to_todays_path_and_says_why():
                                                 "--arch", "relative_transformer_tiny"])
     assert args.attention_backend == "sdpa"
     help_text = " ".join(parser.format_help().split())
-    assert "sdpa (default: the path measured so far" in help_text and "ran unfused" in help_text
+    assert "sdpa (default: the path measured so far" in help_text and "flex (opt-in: on an H100" in help_text
 
 
 @pytest.mark.parametrize("arch", ["relative_transformer_tiny", "t5_transformer_tiny"])
