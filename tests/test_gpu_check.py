@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import REPO, env
+from fairseq_plugins.schemes import MODELS as SCHEME_MODELS
 from helpers.gpu_check_run import gpu_check, no_machine_paths
 from helpers.small_task import small_data
 
@@ -141,6 +142,8 @@ def test_bad_flags_are_one_line(tmp_path):
                                                    "floater_graph, precision, bench, fused, calibrate"),
                           (["--sections", "machine,gpu"], "--sections machine,gpu: expected some of "
                                                           "machine,floater_graph,precision,bench,fused"),
+                          (["--models", "rope,fourier"], "--models rope,fourier: unknown model 'fourier' (expected "
+                                                         f"some of {' '.join(SCHEME_MODELS)})"),
                           (["--calibrate", "--multi30k", str(tmp_path)],
                            f"--multi30k {tmp_path}: expected Multi30k's train.en, train.de, val.en, val.de, "
                            "test_2016_flickr.en, test_2016_flickr.de")]:
