@@ -5,6 +5,7 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
     x^(n) = block_{n−1}(x^(n−1)) + embed(w),  n ≥ 2, where every_block     (the stack, before each block)
     q, k  = rotate(q, k, pos)                                              (each self-attention, before its cache)
     e_ij  = q_i·k_j / sqrt(d_z) + score_bias(i, j)_h + mask_ij,  out_i = Σ_j softmax_j(e_ij) v_j
+    out   = attend(q, k, v, mask)           (instead of the line above, where the scheme owns the product: Shaw)
 
 - ``embed(cfg, stack, embed_dim, max_positions)`` (class hook, at build): the module the stack keeps as fairseq's
   ``embed_positions``, (B, T) tokens → (B, T, C = embed_dim) added to the token embeddings; None adds nothing.
@@ -20,6 +21,19 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
   k_pos (S,), in dtype (float32, or float64 for a float64 model); default None: no bias. ``flex_score_mod`` may
   give the same bias as FlexAttention's score_mod (``fused_attention.bias_score_mod``).
 
+- ``attend(attention, q, k, v, mask, dropout_p, need_weights)`` (where ``owns_product``): the whole product of
+  one self-attention, for a scheme that changes it (Shaw's e_ij = q_i·(k_j + a^K_ij), z_i = Σ_j α_ij (v_j + a^V_ij)):
+  q (B, H, T, d) unscaled, k and v (B, H, S, d) after the cache, mask fairseq's masks as one additive mask
+  (``_additive_mask``) or, where the attention runs FlexAttention, a ``fused_attention.FlexMask``; dropout_p the
+  attention dropout to apply → (out (B, H, T, d), weights (B, H, T, S) or None). ``scores(attention, q, k)`` gives
+  its e_ij before the masks, (B, H, T, S), for fairseq's ``before_softmax``. The attention splits the heads, keeps
+  the cache, builds the masks, picks the dropout and projects the output, for every scheme alike.
+- ``layer_parameters()``: parameters that each self-attention of the stack owns, {name: Parameter or None}, kept
+  under those names as the attention's own (Shaw's tables are one per layer, as in the paper); default none.
+- ``size_defaults`` (class attribute): per size of ``schemes.SIZES``, argument values the scheme's architectures
+  pin where the command line leaves them (Shaw's paper: FFN 1024 in its base model, k = 8 and shared tables in
+  its big one).
+
 Flags belong to their scheme: ``flags`` (``fairseq_plugins/flags.py``'s ``Flag``: name, parser, help, default)
 are added by ``add_args``, filled in by ``defaults`` and checked by ``validate`` (``FlagError``, one line) on a
 model one of whose stacks uses the scheme; on any other model a value other than the default is refused.
@@ -27,10 +41,10 @@ model one of whose stacks uses the scheme; on any other model a value other than
 Mapping to code: ``PositionScheme`` is that contract; ``Sinusoidal``, ``Learned`` and ``NoPE`` are fairseq's two
 embeddings and no position at all, which need none of the hooks' maths; every other scheme is one module of
 this package (``t5_bias``, ``alibi``, ``kerple``, ``fire``, ``rope``, ``shape_positions``, ``cape``,
-``randomized_positions``, ``every_layer``).
+``randomized_positions``, ``every_layer``, ``relative_attention``).
 """
 
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -70,6 +84,13 @@ class PositionScheme(nn.Module):
         return stack.embed_positions if cls.embedding in ("sinusoidal", "learned") else None
 
     every_block = False
+    size_defaults: Dict[str, Dict[str, Any]] = {}
+
+    @classmethod
+    def embeds(cls, args) -> bool:
+        """Whether the stack adds an embedding to its tokens (``--no-token-positional-embeddings`` is refused where
+        one does)."""
+        return cls.embedding != "none"
 
     @classmethod
     def learned_table(cls, learned_pos: bool) -> bool:
@@ -90,6 +111,18 @@ class PositionScheme(nn.Module):
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Optional[Tensor]:
         return None
+
+    owns_product = False  # whether attend (and scores) replace the product above
+
+    def attend(self, attention, q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float,
+               need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        raise NotImplementedError(f"{type(self).__name__} does not own the attention product")
+
+    def scores(self, attention, q: Tensor, k: Tensor) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} does not own the attention product")
+
+    def layer_parameters(self) -> Dict[str, Optional[nn.Parameter]]:
+        return {}
 
 
 def _parses(flag, value):

@@ -15,7 +15,10 @@ the scheme's bias added to fairseq's masks as one float mask (H, T, S) (or (B, H
 explicit softmax path runs only when the attention weights are asked for. ``attention_backend="flex"``
 (``--attention-backend flex``) runs the score biases through FlexAttention instead (``fused_attention.py``),
 except while decoding step by step. The scheme object is shared by all
-layers of a stack and owned by the stack (a T5 table is one set of parameters per stack).
+layers of a stack and owned by the stack (a T5 table is one set of parameters per stack); parameters a scheme keeps
+per layer (``layer_parameters``: Shaw's tables) are each attention's own. A scheme that owns the product
+(``owns_product``: Shaw's relative keys and values) gets q, k, v after the cache, the masks and the dropout
+probability from here (``attend``), and hands back z, which is projected here.
 """
 
 from typing import Optional, Tuple
@@ -37,13 +40,13 @@ class PositionalSelfAttention(MultiheadAttention):
         check_backend(attention_backend, dropout)
         object.__setattr__(self, "scheme", scheme)  # the stack's: not a submodule of every layer
         self.attention_backend = attention_backend
+        for name, parameter in scheme.layer_parameters().items():  # this layer's own (Shaw's tables)
+            self.register_parameter(name, parameter)
 
     def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
                 key_padding_mask: Optional[Tensor] = None, incremental_state=None, need_weights: bool = True,
                 static_kv: bool = False, attn_mask: Optional[Tensor] = None, before_softmax: bool = False,
                 need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
-        if before_softmax:
-            raise ValueError("PositionalSelfAttention does not return logits before the softmax")
         tgt_len, bsz, embed_dim = query.size()
         heads, head_dim = self.num_heads, self.head_dim
 
@@ -65,8 +68,26 @@ class PositionalSelfAttention(MultiheadAttention):
             saved["prev_key_padding_mask"] = key_padding_mask
             self._set_input_buffer(incremental_state, saved)
         src_len = k.size(2)
-        if (self.attention_backend == "flex" and saved is None and not (need_weights or need_head_weights)
-                and (attn_mask is None or attn_mask.dim() == 2)):
+        scheme = self.scheme
+        dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
+        flex_ok = (self.attention_backend == "flex" and saved is None and not (need_weights or need_head_weights)
+                   and (attn_mask is None or attn_mask.dim() == 2))
+        if before_softmax:  # fairseq's (B·H, T, S) logits after the masks, and v (B·H, S, d)
+            mask = _additive_mask(attn_mask, key_padding_mask, bsz, heads, tgt_len, src_len, q.dtype)
+            logits = self._scores(q, k, positions, src_len)
+            logits = logits if mask is None else logits + mask
+            return logits.reshape(bsz * heads, tgt_len, src_len), v.reshape(bsz * heads, src_len, head_dim)
+        if scheme.owns_product:  # the scheme's own product (Shaw): masks, dropout and projections stay here
+            mask = (flex_mask(attn_mask, key_padding_mask) if flex_ok
+                    else _additive_mask(attn_mask, key_padding_mask, bsz, heads, tgt_len, src_len, q.dtype))
+            out, weights = scheme.attend(self, q, k, v, mask, dropout_p, need_weights or need_head_weights)
+            out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim))
+            if weights is not None:
+                weights = weights.transpose(0, 1)  # (H, B, T, S)
+                if not need_head_weights:
+                    weights = weights.mean(dim=0)
+            return out, weights
+        if flex_ok:
             score_mod, buffers = bias_score_mod(self.scheme, tgt_len, src_len, query.device,
                                                 torch.float64 if q.dtype == torch.float64 else torch.float32)
             out, _ = flex(q, k, v, score_mod, buffers, flex_mask(attn_mask, key_padding_mask), scale=self.scaling)
@@ -74,7 +95,6 @@ class PositionalSelfAttention(MultiheadAttention):
         mask = _additive_mask(attn_mask, key_padding_mask, bsz, heads, tgt_len, src_len, q.dtype)
         exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
         bias = self.scheme.score_bias(positions, torch.arange(src_len, device=query.device), exact)  # (H, T, S)
-        dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
         weights = None
         if need_weights or need_head_weights:
             logits = torch.matmul(q * self.scaling, k.transpose(2, 3))
@@ -92,3 +112,12 @@ class PositionalSelfAttention(MultiheadAttention):
             out = biased_sdpa(q, k, v, mask, bias, dropout_p)
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out), weights
+
+    def _scores(self, q: Tensor, k: Tensor, positions: Tensor, src_len: int) -> Tensor:
+        """e_ij before the masks, (B, H, T, S): the scheme's own where it owns the product."""
+        if self.scheme.owns_product:
+            return self.scheme.scores(self, q, k)
+        logits = torch.matmul(q * self.scaling, k.transpose(2, 3))
+        exact = torch.float64 if q.dtype == torch.float64 else torch.float32
+        bias = self.scheme.score_bias(positions, torch.arange(src_len, device=q.device), exact)
+        return logits if bias is None else logits + bias.to(q.dtype)
