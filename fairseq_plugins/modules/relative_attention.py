@@ -38,6 +38,12 @@ recomputes α from q and k instead of keeping it from the forward: no (T, S) ten
 update, see results/bench.md). Memory stays O(B·H·T·S + B·H·T·(2k+1)) per layer at a time.
 ``attention_backend="flex"`` computes the same z without any (T, S) tensor (``fused_attention.shaw_flex``,
 derivation in docs/fused_attention.md).
+
+Mapping to code: ``ShawRelative`` is the scheme (``position_scheme.py``'s contract) that ``position_transformer``
+builds for a Shaw stack: its flags, its architectures' per-size settings, its tables (``layer_parameters``: each
+self-attention's ``relative_keys`` and ``relative_values``) and the product (``attend``, ``scores``);
+``PositionalSelfAttention`` splits the heads, keeps the cache, builds the masks, picks the dropout and projects
+the output. ``RelativeMultiheadAttention`` is that attention with a Shaw scheme of its own, for one layer alone.
 """
 
 import contextlib
