@@ -161,7 +161,8 @@ def test_negative_clipping_distance_fails_at_build():
 
 @pytest.mark.parametrize("flags,message", [
     (("--relative-add-absolute-positions", "--no-token-positional-embeddings"),
-     "--relative-add-absolute-positions contradicts --no-token-positional-embeddings"),
+     "--no-token-positional-embeddings contradicts the encoder's position scheme shaw, which adds position "
+     "embeddings"),
     (("--cross-self-attention",), "does not support --cross-self-attention"),
 ])
 def test_contradictory_flags_fail_at_build(flags, message):

@@ -258,9 +258,11 @@ class PositionTransformerModel(PluginTransformerModel):
         if args.cross_self_attention:
             raise ValueError("position_transformer does not support --cross-self-attention")
         check_backend(args.attention_backend, args.attention_dropout)
-        if args.no_token_positional_embeddings and any(s.cls.embeds(args) for s in (encoder, decoder)):
-            raise ValueError("position_transformer: choose positions with --position-scheme (nope for none), "
-                             "not --no-token-positional-embeddings")
+        for side, scheme in (("encoder", encoder), ("decoder", decoder)):
+            if args.no_token_positional_embeddings and scheme.cls.embeds(args):
+                raise FlagError(f"--no-token-positional-embeddings contradicts the {side}'s position scheme "
+                                f"{scheme.name}, which adds position embeddings: choose positions with "
+                                "--position-scheme (nope for none)")
 
     @classmethod
     def stack_args(cls, args, decoder):

@@ -315,8 +315,6 @@ class ShawRelative(PositionScheme):
         for flag in cls.flags[1:]:
             if not isinstance(getattr(args, flag.dest), bool):
                 raise FlagError(f"{flag.flag} must be True or False (got {getattr(args, flag.dest)!r})")
-        if args.relative_add_absolute_positions and getattr(args, "no_token_positional_embeddings", False):
-            raise FlagError("--relative-add-absolute-positions contradicts --no-token-positional-embeddings")
 
     @classmethod
     def embeds(cls, args):
