@@ -849,6 +849,35 @@ def test_a_scheme_without_hooks_is_fairseqs_attention():
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+def test_before_softmax_is_fairseqs_logits_with_the_schemes_bias():
+    """fairseq's before_softmax ((B·H, T, S) logits after the masks, and v) from PositionalSelfAttention: with the
+    contract's defaults, fairseq's own; with a bias (T5), logits whose softmax is the attention's head weights."""
+    from fairseq.modules import MultiheadAttention
+
+    torch.manual_seed(0)
+    T, B, C, H = 5, 2, 8, 2
+    ours = PositionalSelfAttention(C, H, PositionScheme()).double().eval()
+    theirs = MultiheadAttention(C, H, self_attention=True).double().eval()
+    theirs.load_state_dict(ours.state_dict())
+    theirs.skip_embed_dim_check = True  # fairseq's own product (its call of torch's fused one skips before_softmax)
+    x = torch.randn(T, B, C, dtype=torch.float64)
+    padding = torch.zeros(B, T, dtype=torch.bool)
+    padding[1, -2:] = True
+    causal = torch.triu(torch.full((T, T), float("-inf"), dtype=torch.float64), 1)
+    got = ours(x, x, x, key_padding_mask=padding, attn_mask=causal, before_softmax=True)
+    want = theirs(x, x, x, key_padding_mask=padding, attn_mask=causal, before_softmax=True)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    t5 = T5Bias(H, bidirectional=False, num_buckets=8, max_distance=6).double()
+    torch.nn.init.normal_(t5.bias.weight)
+    attn = PositionalSelfAttention(C, H, t5).double().eval()
+    logits, v = attn(x, x, x, key_padding_mask=padding, attn_mask=causal, before_softmax=True)
+    _, weights = attn(x, x, x, key_padding_mask=padding, attn_mask=causal, need_head_weights=True)  # (H, B, T, S)
+    assert logits.shape == (B * H, T, T) and v.shape == (B * H, T, C // H)
+    torch.testing.assert_close(logits.softmax(-1).view(B, H, T, T).transpose(0, 1), weights, rtol=0, atol=1e-12)
+
+
 def test_no_config_carries_a_scheme_module_while_the_stacks_build(monkeypatch):
     """Each stack hands its scheme's module to the layers it builds: no config object holds a module while fairseq
     builds the layers (they share their stack's config), nor after. Seen from fairseq's own layer __init__, which
