@@ -42,8 +42,8 @@ derivation in docs/fused_attention.md).
 Mapping to code: ``ShawRelative`` is the scheme (``position_scheme.py``'s contract) that ``position_transformer``
 builds for a Shaw stack: its flags, its architectures' per-size settings, its tables (``layer_parameters``: each
 self-attention's ``relative_keys`` and ``relative_values``) and the product (``attend``, ``scores``);
-``PositionalSelfAttention`` splits the heads, keeps the cache, builds the masks, picks the dropout and projects
-the output. ``RelativeMultiheadAttention`` is that attention with a Shaw scheme of its own, for one layer alone.
+``PositionalSelfAttention`` (``PositionalAttention``'s one forward) splits the heads, keeps the cache, builds the
+masks, picks the dropout and projects the output. ``RelativeMultiheadAttention`` is that attention with a Shaw scheme of its own, for one layer alone.
 """
 
 import contextlib
