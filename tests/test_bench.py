@@ -150,3 +150,24 @@ def test_a_model_that_cannot_train_is_reported_and_the_others_measured(tmp_path,
         assert rows["t5", T]["error"] == reason and "train_update_median_s" not in rows["t5", T]
         assert rows["alibi", T]["train_update_median_s"] > 0 and "error" not in rows["alibi", T]
     assert f"`t5` at T = 16 failed: {reason}" in out_md.read_text()
+
+
+def test_graphs_compiled_during_updates_are_counted():
+    """The bench counts torch.compile's graphs around each update: the warm-up's compiles, and any recompile in the
+    timed updates (which would make those times a compile's)."""
+    import torch
+
+    from tooling import bench
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
+    row = {}
+    with bench.counting_graphs(row, "warmup"):
+        f(torch.ones(3))
+    with bench.counting_graphs(row, "timed"):
+        f(torch.ones(3))  # the same sizes: no new graph
+    assert row == {"warmup": 1, "timed": 0}
+    with bench.counting_graphs(row, "timed"):
+        f(torch.ones(5))  # another static size: a recompile
+    assert row == {"warmup": 1, "timed": 1}
+    torch._dynamo.reset()

@@ -38,6 +38,7 @@ relative model and FLOATER, and of FLOATER's exact solve of its three flows and 
 their CPU time, one thread), at every length; it writes --out-json/--out-md (default results/bench_ops.*).
 """
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -515,19 +516,35 @@ def memory_phase(p):
     p.names[:] = [n for n in p.names if n not in failed]
 
 
+@contextlib.contextmanager
+def counting_graphs(row, key):
+    """Adds to row[key] the graphs torch.compile made inside the block (dynamo's count of unique graphs)."""
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    try:
+        yield
+    finally:
+        row[key] = row.get(key, 0) + counters["stats"]["unique_graphs"] - before
+
+
 def train_phase(p, bundles, T, sample):
     """1. Training updates at length T, round-robin; the cached FLOATER's amortised update and the ODE's share."""
     args, names, cached, rows = p.args, p.names, p.cached, p.rows
     times = {n: [] for n in names}  # (wall, cpu) pairs
     solve_times = []  # the cached model's updates that re-solved (excluded from its cached median)
+    # graphs that torch.compile made during each model's updates (flex's kernels): in the warm-up they are its
+    # compiles; in the timed updates any would be recompiles, which would make those times a compile's
     for _ in range(args.warmup):
         for n in names:
-            bundles[n].train_update(sample)
+            with counting_graphs(rows[n, T], "compiled_graphs_warmup"):
+                bundles[n].train_update(sample)
     for rep in range(p.reps[T]):
         for n in rotated(names, rep):
             b = bundles[n]
             solves = num_solves(b.model)
-            t = timed(lambda: b.train_update(sample), args.device)
+            with counting_graphs(rows[n, T], "compiled_graphs_timed"):
+                t = timed(lambda: b.train_update(sample), args.device)
             if n == cached and num_solves(b.model) > solves:
                 solve_times.append(t)
             else:

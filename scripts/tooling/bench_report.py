@@ -85,6 +85,12 @@ def markdown(res):
             f"{fmt(r.get('peak_memory_mib'), 1.0, 0)} | "
             f"{'—' if r.get('ode_share') is None else format(100 * r['ode_share'], '.0f') + '%'} |")
     lines += [f"`{r['model']}` at T = {r['length']} failed: {r['error']}" for r in res["rows"] if "error" in r]
+    compiled = [r for r in res["rows"] if r.get("compiled_graphs_warmup") or r.get("compiled_graphs_timed")]
+    if compiled:
+        lines += ["", "Graphs compiled by torch.compile (dynamo's unique graphs) in the warm-up / the timed updates "
+                      "(any in the timed updates are recompiles, timed with them): "
+                  + "; ".join(f"`{r['model']}` T = {r['length']}: {r.get('compiled_graphs_warmup', 0)} / "
+                              f"{r.get('compiled_graphs_timed', 0)}" for r in compiled) + "."]
     graphed = [r for r in res["rows"] if "graph_buckets" in r]
     if graphed:
         lines += ["", f"`{graphed[0]['model']}`: FLOATER's training solves replayed from CUDA graphs "
