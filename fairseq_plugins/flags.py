@@ -20,6 +20,8 @@ class Flag:
     help: str
     default: Any = None  # what position_transformer() fills in when the flag is not given
     switch: bool = False  # given alone (``--learned-pos``): True; parse reads a stored or overridden value
+    off: str = ""  # a switch's opposite (``--no-relative-keys``, ``--relative-shared-heads``): False
+    off_help: str = ""
 
     @property
     def dest(self):
@@ -27,7 +29,10 @@ class Flag:
 
     def add_to(self, parser):
         if self.switch:  # default None, as every scheme flag's: the scheme's ``defaults`` fills it in
-            parser.add_argument(self.flag, action="store_true", default=None, help=self.help)
+            group = parser.add_mutually_exclusive_group() if self.off else parser
+            group.add_argument(self.flag, action="store_true", default=None, help=self.help)
+            if self.off:
+                group.add_argument(self.off, dest=self.dest, action="store_false", default=None, help=self.off_help)
         else:
             parser.add_argument(self.flag, action=OneLineFlag, parse=self.parse, metavar=self.metavar,
                                 help=self.help)

@@ -10,8 +10,9 @@ Every scheme enters a Transformer at one of a few hooks (the kinds):
   positions a target position attends (ALiBi on the source/target diagonal), with any self-attention scheme;
 - ``none``: no position at all (NoPE; decoder only: its causal mask carries order, while an encoder without
   positions is permutation-invariant);
-- ``relative vectors`` (Shaw et al.) and ``projection biases`` (FLOATER): they change the attention's
-  products themselves, so they keep model families of their own.
+- ``relative vectors`` (Shaw et al.): relative key and value vectors inside the attention's products, a scheme
+  that owns the product (the contract's ``attend``);
+- ``projection biases`` (FLOATER): position-dependent q/k/v biases, a model family of its own.
 
 ``SCHEMES`` is the one list every other place reads: the ``position_transformer`` family (its
 ``--position-scheme`` choices, its flags and ``<scheme>_transformer_*`` architectures), the benchmark, the demo, the
@@ -32,6 +33,7 @@ from .modules.fire import FIRE
 from .modules.kerple import KerpleLog
 from .modules.position_scheme import Learned, NoPE, PositionScheme, Sinusoidal
 from .modules.randomized_positions import Randomized
+from .modules.relative_attention import ShawRelative
 from .modules.rope import RoPE
 from .modules.shape_positions import SHAPE
 from .modules.t5_bias import T5Bias
@@ -108,7 +110,7 @@ SCHEMES = {s.name: s for s in (
            "diagonal in cross-attention, as Marian's sequence-to-sequence ALiBi", POSITION_TRANSFORMER,
            "alibi_sync_transformer", cls=AlibiSync, encoder=False),
     Scheme("shaw", "relative", "relative vectors", "Shaw et al., NAACL 2018 (arXiv 1803.02155)",
-           "relative_transformer", "relative_transformer"),
+           POSITION_TRANSFORMER, "relative_transformer", cls=ShawRelative),
     Scheme("floater", "floater", "projection biases", "Liu et al., ICML 2020 (arXiv 2003.09229)",
            "floater_transformer", "floater_transformer"),
 )}
@@ -117,8 +119,8 @@ MODELS = {s.model: s for s in SCHEMES.values()}  # by the name scripts use
 # The schemes position_transformer registers architectures for: <arch_prefix><size suffix>.
 FAMILY_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.family == POSITION_TRANSFORMER)
 # Those of them that no paper's table reports (their WMT14 configs are scripts/make_tables.py --list newer):
-# every-layer positions are FLOATER's Table 2 baseline.
-NEW_SCHEMES = tuple(n for n in FAMILY_SCHEMES if n != "every_layer")
+# every-layer positions are FLOATER's Table 2 baseline, and Shaw's have their paper's own rows.
+NEW_SCHEMES = tuple(n for n in FAMILY_SCHEMES if n not in ("every_layer", "shaw"))
 
 
 def by_model(name):

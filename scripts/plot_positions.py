@@ -275,11 +275,12 @@ def floater_similarities(flow):
 def relative_tables(model):
     """Shaw et al.'s tables of every relative self-attention: dicts with ``name`` (e.g. 'encoder layer 1'),
     ``table`` ('a^K' or 'a^V'), ``values`` (H, 2k+1, d_z) (H = 1 when shared by the heads), ``per_head``, ``k``."""
-    from fairseq_plugins.modules.relative_attention import RelativeMultiheadAttention
+    from fairseq_plugins.modules.relative_attention import ShawRelative
 
     out = []
     for name, module in model.named_modules():
-        if not isinstance(module, RelativeMultiheadAttention):
+        shaw = getattr(module, "scheme", None)  # a PositionalSelfAttention of a Shaw stack
+        if not isinstance(shaw, ShawRelative):
             continue
         m = re.search(r"(encoder|decoder)\.layers\.(\d+)\.", name)
         where = f"{m.group(1)} layer {int(m.group(2)) + 1}" if m else name
@@ -287,8 +288,8 @@ def relative_tables(model):
             if param is None:
                 continue
             values = param.detach().double()
-            out.append(dict(name=where, table=table, values=values if module.per_head else values.unsqueeze(0),
-                            per_head=module.per_head, k=module.max_relative_positions))
+            out.append(dict(name=where, table=table, values=values if shaw.per_head else values.unsqueeze(0),
+                            per_head=shaw.per_head, k=shaw.max_relative_positions))
     return out
 
 

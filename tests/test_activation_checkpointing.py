@@ -1,6 +1,6 @@
-"""--checkpoint-activations / --offload-activations in the plugin archs: transformer_every_layer_pos,
-relative_transformer and position_transformer (every scheme of the table with architectures of a plugin family but
-FLOATER's) wrap every block as fairseq's `transformer` does (fairseq's checkpoint_wrapper; offloading
+"""--checkpoint-activations / --offload-activations in the plugin archs: position_transformer (every scheme of the
+table with architectures of a plugin family but FLOATER's, transformer_every_layer_pos and relative_transformer
+among them) wrap every block as fairseq's `transformer` does (fairseq's checkpoint_wrapper; offloading
 implies checkpointing) and compute what the unwrapped model computes, with dropout: the same outputs bit for bit, the
 same gradients up to float64 rounding; floater_transformer refuses both flags in one line."""
 import functools

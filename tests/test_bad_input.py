@@ -79,7 +79,7 @@ def test_prepare_rejects_bad_corpus(tmp_path, override, message):
 @pytest.mark.parametrize("arch,flags,message", [
     ("no_such_arch", [], "fairseq-train: error: argument --arch/-a: invalid choice: 'no_such_arch' (choose from"),
     ("relative_transformer_tiny", ["--max-relative-positions", "-1"],
-     "fairseq-train: error: --max-relative-positions must be >= 0 (got -1)"),
+     "fairseq-train: error: argument --max-relative-positions: must be >= 0 (got -1)"),
     ("floater_transformer_tiny", ["--floater-dt", "0"], "fairseq-train: error: argument --floater-dt: must be > 0"),
     ("floater_transformer_tiny", ["--floater-method", "foo"],
      "fairseq-train: error: argument --floater-method: invalid choice: 'foo' (choose from"),

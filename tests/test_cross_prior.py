@@ -121,6 +121,21 @@ def test_attention_equals_the_equation(learned):
     assert weights.shape == (B, T, 7) and float(weights[2, :, :6].detach().abs().max()) == 0  # pads get nothing
 
 
+def test_before_softmax_gives_the_logits_of_the_weights():
+    """fairseq's before_softmax from the cross-attention: (B·H, T, S) logits with the prior and the padding, whose
+    softmax is the attention's head weights, and v (B·H, S, d)."""
+    torch.manual_seed(0)
+    T, B, C, H = 9, 3, 8, 2
+    attn = PositionalCrossAttention(C, H, AlibiSync(H, 1.5), kdim=6, vdim=6).double()
+    x, enc = torch.randn(T, B, C, dtype=torch.float64), torch.randn(7, B, 6, dtype=torch.float64)
+    padding = left_padding()
+    logits, v = attn(x, enc, enc, key_padding_mask=padding, static_kv=True, before_softmax=True)
+    _, weights = attn(x, enc, enc, key_padding_mask=padding, static_kv=True, need_head_weights=True)  # (H, B, T, S)
+    assert logits.shape == (B * H, T, 7) and v.shape == (B * H, 7, C // H)
+    assert bool(torch.isinf(logits.view(B, H, T, 7)[2, :, :, :6]).all())  # its pads
+    torch.testing.assert_close(logits.softmax(-1).view(B, H, T, 7).transpose(0, 1), weights, rtol=0, atol=1e-12)
+
+
 def build(arch=ARCH, **kw):
     return tiny_models.build(arch, **kw).double().eval()
 

@@ -4,10 +4,12 @@ import pytest
 
 from fairseq_plugins.schemes import POSITION_TRANSFORMER, SCHEMES, by_model
 
-# Every scheme with architectures of its own family; position_transformer's (T5, RoPE, ...): in
-# test_position_schemes.py, from checkpoints of a few updates (a trained one costs minutes per scheme).
-ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix and s.family != POSITION_TRANSFORMER]
 DEMO = {by_model(m).arch("tiny") for m in ("transformer", "relative", "floater")}  # test_learning.py trains them
+# Every scheme with architectures of its own family, and the demo models (Shaw's is position_transformer's);
+# position_transformer's others (T5, RoPE, ...): in test_position_schemes.py, from checkpoints of a few updates
+# (a trained one costs minutes per scheme).
+ARCHS = [s.arch("tiny") for s in SCHEMES.values()
+         if s.arch_prefix and (s.family != POSITION_TRANSFORMER or s.arch("tiny") in DEMO)]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

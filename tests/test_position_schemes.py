@@ -717,7 +717,7 @@ def test_a_bad_flag_is_one_line_from_the_command_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "fairseq-train: error: argument --encoder-position-scheme: invalid choice: 'nope' (choose from sinusoidal, "
-        "learned, every_layer, shape, cape, randomized, t5, alibi, kerple, fire, rope) (an encoder without positions "
+        "learned, every_layer, shape, cape, randomized, t5, alibi, kerple, fire, rope, shaw) (an encoder without positions "
         "is permutation-invariant)"]
 
 
@@ -747,7 +747,9 @@ OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-
                 "--rope-scaling-factor": "2", "--rope-original-length": "100", "--shape-max-shift": "5",
                 "--shape-eval-offset": "7", "--cape-max-global-shift": "2", "--cape-max-local-shift": "0.5",
                 "--cape-max-global-scaling": "1.5", "--randomized-max-position": "4096",
-                "--learned-pos": None,  # None: a switch, given alone
+                "--learned-pos": None, "--max-relative-positions": "3", "--relative-keys": ("--no-relative-keys",),
+                "--relative-values": ("--no-relative-values",), "--relative-per-head": ("--relative-shared-heads",),
+                "--relative-add-absolute-positions": None,  # None: a switch, given alone; a tuple: given so
                 "--cross-prior-ratio": "1.5", "--cross-prior-slopes": "learned"}
 OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]  # a prior's: tests/test_cross_prior.py
 
@@ -787,7 +789,7 @@ def test_each_scheme_owns_exactly_the_flags_it_validates():
     for row in CLASS_ROWS:
         parser = argparse.ArgumentParser(add_help=False)
         row.cls.add_args(parser)
-        own = {f.flag for f in row.cls.flags}
+        own = {f.flag for f in row.cls.flags} | {f.off for f in row.cls.flags if f.off}
         assert {o for a in parser._actions for o in a.option_strings} == own, row.name
         assert all(a.help for a in parser._actions), row.name
         assert own <= {o for a in family._actions for o in a.option_strings}, row.name
@@ -814,7 +816,8 @@ def test_a_flag_of_one_scheme_on_another_is_refused_in_one_line(owner, flag):
     other = others[[f.flag for _, f in OWNED].index(flag) % len(others)]
     companions = {"--rope-scaling": ("--rope-scaling-factor", "2"), "--rope-scaling-factor": ("--rope-scaling", "linear"),
                   "--rope-original-length": ("--rope-scaling", "yarn", "--rope-scaling-factor", "2")}.get(flag, ())
-    given = (flag,) if OTHER_VALUES[flag] is None else (flag, OTHER_VALUES[flag])
+    value = OTHER_VALUES[flag]
+    given = (flag,) if value is None else value if isinstance(value, tuple) else (flag, value)
     args = _model_args(owner, *given, *companions)
     PositionTransformerModel.prepare_args(args)
     args = _model_args(other, *given)
@@ -844,6 +847,35 @@ def test_a_scheme_without_hooks_is_fairseqs_attention():
         want = theirs(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=False)[0]
         got = ours(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=False)[0]
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_before_softmax_is_fairseqs_logits_with_the_schemes_bias():
+    """fairseq's before_softmax ((B·H, T, S) logits after the masks, and v) from PositionalSelfAttention: with the
+    contract's defaults, fairseq's own; with a bias (T5), logits whose softmax is the attention's head weights."""
+    from fairseq.modules import MultiheadAttention
+
+    torch.manual_seed(0)
+    T, B, C, H = 5, 2, 8, 2
+    ours = PositionalSelfAttention(C, H, PositionScheme()).double().eval()
+    theirs = MultiheadAttention(C, H, self_attention=True).double().eval()
+    theirs.load_state_dict(ours.state_dict())
+    theirs.skip_embed_dim_check = True  # fairseq's own product (its call of torch's fused one skips before_softmax)
+    x = torch.randn(T, B, C, dtype=torch.float64)
+    padding = torch.zeros(B, T, dtype=torch.bool)
+    padding[1, -2:] = True
+    causal = torch.triu(torch.full((T, T), float("-inf"), dtype=torch.float64), 1)
+    got = ours(x, x, x, key_padding_mask=padding, attn_mask=causal, before_softmax=True)
+    want = theirs(x, x, x, key_padding_mask=padding, attn_mask=causal, before_softmax=True)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    t5 = T5Bias(H, bidirectional=False, num_buckets=8, max_distance=6).double()
+    torch.nn.init.normal_(t5.bias.weight)
+    attn = PositionalSelfAttention(C, H, t5).double().eval()
+    logits, v = attn(x, x, x, key_padding_mask=padding, attn_mask=causal, before_softmax=True)
+    _, weights = attn(x, x, x, key_padding_mask=padding, attn_mask=causal, need_head_weights=True)  # (H, B, T, S)
+    assert logits.shape == (B * H, T, T) and v.shape == (B * H, T, C // H)
+    torch.testing.assert_close(logits.softmax(-1).view(B, H, T, T).transpose(0, 1), weights, rtol=0, atol=1e-12)
 
 
 def test_no_config_carries_a_scheme_module_while_the_stacks_build(monkeypatch):

@@ -36,10 +36,11 @@ def build(arch, *flags, vocab=12):
     return task.build_model(args), task
 
 
-def relative_attention_class():
-    from fairseq_plugins.modules.relative_attention import RelativeMultiheadAttention
+def shaw_classes():
+    from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
+    from fairseq_plugins.modules.relative_attention import ShawRelative
 
-    return RelativeMultiheadAttention
+    return PositionalSelfAttention, ShawRelative
 
 
 def test_tiny_arch_has_fairseqs_transformer_tiny_dims():
@@ -53,11 +54,22 @@ def test_tiny_arch_has_fairseqs_transformer_tiny_dims():
 
 
 def test_self_attention_is_relative_cross_attention_is_fairseqs():
+    """The family's one self-attention with the stack's Shaw scheme; the tables are each layer's own (as in the
+    paper, and under the state-dict keys relative_transformer always wrote)."""
     model, _ = build("relative_transformer_tiny")
-    relative = relative_attention_class()
-    for layer in list(model.encoder.layers) + list(model.decoder.layers):
-        assert isinstance(layer.self_attn, relative)
-        assert layer.self_attn.relative_keys.shape == (2, 9, 32)  # (heads, 2k+1, d_z)
+    attention, shaw = shaw_classes()
+    assert type(model).__name__ == "PositionTransformerModel" and model.position_schemes() == ("shaw", "shaw")
+    tables = []
+    for stack in (model.encoder, model.decoder):
+        assert isinstance(stack.position_scheme, shaw)
+        for layer in stack.layers:
+            assert type(layer.self_attn) is attention and layer.self_attn.scheme is stack.position_scheme
+            assert layer.self_attn.relative_keys.shape == (2, 9, 32)  # (heads, 2k+1, d_z)
+            tables += [layer.self_attn.relative_keys, layer.self_attn.relative_values]
+    assert len({id(t) for t in tables}) == len(tables) == 8
+    assert {k for k in model.state_dict() if "relative" in k} == {
+        f"{side}.layers.{i}.self_attn.relative_{t}" for side in ("encoder", "decoder") for i in (0, 1)
+        for t in ("keys", "values")}
     for layer in model.decoder.layers:
         assert type(layer.encoder_attn) is MultiheadAttention
 
@@ -149,7 +161,8 @@ def test_negative_clipping_distance_fails_at_build():
 
 @pytest.mark.parametrize("flags,message", [
     (("--relative-add-absolute-positions", "--no-token-positional-embeddings"),
-     "--relative-add-absolute-positions contradicts --no-token-positional-embeddings"),
+     "--no-token-positional-embeddings contradicts the encoder's position scheme shaw, which adds position "
+     "embeddings"),
     (("--cross-self-attention",), "does not support --cross-self-attention"),
 ])
 def test_contradictory_flags_fail_at_build(flags, message):
@@ -166,6 +179,27 @@ def test_negative_clipping_distance_is_one_cli_line(tmp_path):
     )
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [
-        "fairseq-train: error: --max-relative-positions must be >= 0 (got -1); 0 is the paper's no-position ablation"
+        "fairseq-train: error: argument --max-relative-positions: must be >= 0 (got -1); 0 is the paper's "
+        "no-position ablation"
     ]
     assert not save_dir.exists()
+
+
+def test_shaw_is_a_scheme_of_the_family_per_stack():
+    """Shaw's positions in one stack and another scheme in the other, through --encoder/decoder-position-scheme:
+    only the Shaw stack's attentions have tables, and step-by-step decoding equals the full forward."""
+    model, _ = build("position_transformer", "--encoder-position-scheme", "shaw", "--decoder-position-scheme", "rope",
+                     "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16",
+                     "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "16", "--decoder-ffn-embed-dim", "16",
+                     "--encoder-attention-heads", "2", "--decoder-attention-heads", "2")
+    assert model.position_schemes() == ("shaw", "rope")
+    assert model.encoder.layers[0].self_attn.relative_keys.shape == (2, 33, 8)  # k = 16 off the tiny archs
+    assert not hasattr(model.decoder.layers[0].self_attn, "relative_keys")
+    assert model.encoder.embed_positions is None and model.decoder.embed_positions is None
+    model.eval().double()
+    assert_incremental_with_reorder_equals_full(model, atol=1e-5)
+
+
+def test_a_shaw_flag_on_another_scheme_is_refused():
+    with pytest.raises(ValueError, match="--max-relative-positions is a shaw flag"):
+        build("rope_transformer_tiny", "--max-relative-positions", "3")

@@ -1,6 +1,7 @@
 """``position_transformer``: fairseq's Transformer with the position scheme of each stack picked by name from
 the table of schemes (``fairseq_plugins/schemes.py``: sinusoidal, learned, every-layer, SHAPE, CAPE, randomized,
-T5 bias, ALiBi, KERPLE, FIRE, RoPE, NoPE), each built through the one contract of ``modules/position_scheme.py``.
+T5 bias, ALiBi, KERPLE, FIRE, RoPE, NoPE, Shaw's relative positions), each built through the one contract of
+``modules/position_scheme.py``.
 
 - ``--position-scheme S`` sets both stacks; ``--encoder-position-scheme`` / ``--decoder-position-scheme``
   override one. NoPE is refused for the encoder (permutation-invariant without positions).
@@ -15,16 +16,18 @@ T5 bias, ALiBi, KERPLE, FIRE, RoPE, NoPE), each built through the one contract o
 - Each scheme adds, fills in and checks its own flags (``add_args``, ``defaults``, ``validate``); a flag of a
   scheme that neither stack uses (or of a prior the model does not have) is refused in one line.
 
-Architectures: the row's arch prefix (``<scheme>_transformer``; every-layer's keeps its name,
-``transformer_every_layer_pos``) with fairseq's ``transformer`` dims, ``_wmt_en_de`` (base),
-``_vaswani_wmt_en_de_big``, ``_vaswani_wmt_en_fr_big`` and ``_tiny`` (tests), for each scheme of
-``FAMILY_SCHEMES`` (a cross-attention prior's: sinusoidal stacks, or those of ``--position-scheme``, with the
-prior); any other combination through the flags on ``position_transformer``.
+Architectures: the row's arch prefix (``<scheme>_transformer``; every-layer's and Shaw's keep their names,
+``transformer_every_layer_pos`` and ``relative_transformer``) with fairseq's ``transformer`` dims, ``_wmt_en_de``
+(base), ``_vaswani_wmt_en_de_big``, ``_vaswani_wmt_en_fr_big`` and ``_tiny`` (tests), and the values the scheme
+pins per size (``size_defaults``: Shaw's paper settings), for each scheme of ``FAMILY_SCHEMES`` (a
+cross-attention prior's: sinusoidal stacks, or those of ``--position-scheme``, with the prior); any other
+combination through the flags on ``position_transformer``.
 """
 
 import logging
 from contextlib import contextmanager
 
+from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerDecoderBase,
@@ -36,11 +39,11 @@ from fairseq.models.transformer import (
     transformer_wmt_en_de,
 )
 from fairseq.modules import LearnedPositionalEmbedding
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ._base import PluginTransformerModel
 from ._config import add_attention_backend_arg
-from .relative_transformer import _wrap_layer
 from ..flags import FlagError, OneLineFlag, one_of
 from ..modules.fused_attention import check_backend
 from ..modules.positional_attention import PositionalCrossAttention, PositionalSelfAttention
@@ -176,6 +179,13 @@ def _add_block_signal(layer, args):
     return (args[0] + layer.position_signal,) + tuple(args[1:])
 
 
+def _wrap_layer(layer, cfg):
+    """Activation checkpointing and FSDP wrapping, as fairseq's build_encoder_layer/build_decoder_layer do."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=0 if cfg.checkpoint_activations else cfg.min_params_to_wrap)
+
+
 def _block_input(layer, every_block):
     """A block as fairseq's build_encoder_layer/build_decoder_layer return it (activation checkpointing, CPU
     offloading and FSDP wrapping included), taking the stack's position signal at its input if every_block."""
@@ -297,9 +307,11 @@ class PositionTransformerModel(PluginTransformerModel):
         if args.cross_self_attention:
             raise ValueError("position_transformer does not support --cross-self-attention")
         check_backend(args.attention_backend, args.attention_dropout)
-        if args.no_token_positional_embeddings:
-            raise ValueError("position_transformer: choose positions with --position-scheme (nope for none), "
-                             "not --no-token-positional-embeddings")
+        for side, scheme in (("encoder", encoder), ("decoder", decoder)):
+            if args.no_token_positional_embeddings and scheme.cls.embeds(args):
+                raise FlagError(f"--no-token-positional-embeddings contradicts the {side}'s position scheme "
+                                f"{scheme.name}, which adds position embeddings: choose positions with "
+                                "--position-scheme (nope for none)")
 
     @classmethod
     def stack_args(cls, args, decoder):
@@ -360,8 +372,11 @@ def _register(scheme):
         args.position_scheme = scheme.name
 
     for size, dims in SIZE_DIMS.items():
-        def arch(args, dims=dims):
+        def arch(args, dims=dims, size=size):
             pick(args)
+            for name, value in scheme.cls.size_defaults.get(size, {}).items():  # what the scheme's paper pins
+                if getattr(args, name, None) is None:
+                    setattr(args, name, value)
             if dims is not None:
                 dims(args)
             position_transformer(args)

@@ -5,6 +5,7 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
     x^(n) = block_{n−1}(x^(n−1)) + embed(w),  n ≥ 2, where every_block     (the stack, before each block)
     q, k  = rotate(q, k, pos)                                              (each self-attention, before its cache)
     e_ij  = q_i·k_j / sqrt(d_z) + score_bias(i, j)_h + mask_ij,  out_i = Σ_j softmax_j(e_ij) v_j
+    out   = attend(q, k, v, mask)           (instead of the line above, where the scheme owns the product: Shaw)
     e_ij  = q_i·k_j / sqrt(d_z) + cross_bias(i, j, S)_h + mask_ij                (cross-attention, with a prior)
 
 - ``embed(cfg, stack, embed_dim, max_positions)`` (class hook, at build): the module the stack keeps as fairseq's
@@ -20,6 +21,18 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
 - ``score_bias(q_pos, k_pos, dtype)``: the logit bias (H, T, S) for query positions q_pos (T,) and key positions
   k_pos (S,), in dtype (float32, or float64 for a float64 model); default None: no bias. ``flex_score_mod`` may
   give the same bias as FlexAttention's score_mod (``fused_attention.bias_score_mod``).
+- ``attend(attention, q, k, v, mask, dropout_p, need_weights)`` (where ``owns_product``): the whole product of
+  one self-attention, for a scheme that changes it (Shaw's e_ij = q_i·(k_j + a^K_ij), z_i = Σ_j α_ij (v_j + a^V_ij)):
+  q (B, H, T, d) unscaled, k and v (B, H, S, d) after the cache, mask fairseq's masks as one additive mask
+  (``_additive_mask``) or, where the attention runs FlexAttention, a ``fused_attention.FlexMask``; dropout_p the
+  attention dropout to apply → (out (B, H, T, d), weights (B, H, T, S) or None). ``scores(attention, q, k)`` gives
+  its e_ij before the masks, (B, H, T, S), for fairseq's ``before_softmax``. The attention splits the heads, keeps
+  the cache, builds the masks, picks the dropout and projects the output, for every scheme alike.
+- ``layer_parameters()``: parameters that each self-attention of the stack owns, {name: Parameter or None}, kept
+  under those names as the attention's own (Shaw's tables are one per layer, as in the paper); default none.
+- ``size_defaults`` (class attribute): per size of ``schemes.SIZES``, argument values the scheme's architectures
+  pin where the command line leaves them (Shaw's paper: FFN 1024 in its base model, k = 8 and shared tables in
+  its big one).
 - ``build_cross(cfg, heads)`` (class hook, at build) and ``cross_bias(q_pos, k_pos, src_lengths, dtype)``: a prior
   in the decoder's cross-attention (``--cross-position-prior``, whatever the stacks' schemes): the module, one
   per decoder and shared by its layers, or None (cross-attention stays fairseq's: source and target positions
@@ -34,10 +47,10 @@ other than the default is refused.
 Mapping to code: ``PositionScheme`` is that contract; ``Sinusoidal``, ``Learned`` and ``NoPE`` are fairseq's two
 embeddings and no position at all, which need none of the hooks' maths; every other scheme is one module of
 this package (``t5_bias``, ``alibi``, ``kerple``, ``fire``, ``rope``, ``shape_positions``, ``cape``,
-``randomized_positions``, ``every_layer``; ``cross_prior`` in cross-attention).
+``randomized_positions``, ``every_layer``, ``relative_attention``; ``cross_prior`` in cross-attention).
 """
 
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -77,6 +90,13 @@ class PositionScheme(nn.Module):
         return stack.embed_positions if cls.embedding in ("sinusoidal", "learned") else None
 
     every_block = False
+    size_defaults: Dict[str, Dict[str, Any]] = {}
+
+    @classmethod
+    def embeds(cls, args) -> bool:
+        """Whether the stack adds an embedding to its tokens (``--no-token-positional-embeddings`` is refused where
+        one does)."""
+        return cls.embedding != "none"
 
     @classmethod
     def learned_table(cls, learned_pos: bool) -> bool:
@@ -97,6 +117,18 @@ class PositionScheme(nn.Module):
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Optional[Tensor]:
         return None
+
+    owns_product = False  # whether attend (and scores) replace the product above
+
+    def attend(self, attention, q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float,
+               need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        raise NotImplementedError(f"{type(self).__name__} does not own the attention product")
+
+    def scores(self, attention, q: Tensor, k: Tensor) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} does not own the attention product")
+
+    def layer_parameters(self) -> Dict[str, Optional[nn.Parameter]]:
+        return {}
 
     # -- inside the decoder's cross-attention (a cross-attention prior) ---------------------------------------
 

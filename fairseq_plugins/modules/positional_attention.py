@@ -21,7 +21,10 @@ softmax path runs only when the attention weights are asked for. ``attention_bac
 (``--attention-backend flex``) runs the self-attention score biases through FlexAttention instead
 (``fused_attention.py``), except while decoding step by step; the cross-attention prior keeps SDPA. The scheme
 object is shared by all layers of a stack and owned by the stack (a T5 table is one set of parameters per stack;
-the prior is the decoder's).
+the prior is the decoder's); parameters a scheme keeps per layer (``layer_parameters``: Shaw's tables) are each
+self-attention's own. A scheme that owns the product (``owns_product``: Shaw's relative keys and values) gets q, k,
+v after the cache, the masks (a FlexAttention mask under ``--attention-backend flex``) and the dropout probability
+from this forward (``attend``) and hands back z, which is projected here.
 """
 
 from typing import Optional, Tuple
@@ -55,8 +58,6 @@ class PositionalAttention(MultiheadAttention):
                 key_padding_mask: Optional[Tensor] = None, incremental_state=None, need_weights: bool = True,
                 static_kv: bool = False, attn_mask: Optional[Tensor] = None, before_softmax: bool = False,
                 need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
-        if before_softmax:
-            raise ValueError(f"{type(self).__name__} does not return logits before the softmax")
         tgt_len, bsz, embed_dim = query.size()
         saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         q = self._split(self.q_proj(query), bsz)
@@ -65,33 +66,50 @@ class PositionalAttention(MultiheadAttention):
         if saved is not None:
             self._set_input_buffer(incremental_state, saved)
         src_len = k.size(2)
-        if (self.attention_backend == "flex" and not self.encoder_decoder_attention and saved is None
-                and not (need_weights or need_head_weights) and (attn_mask is None or attn_mask.dim() == 2)):
-            score_mod, buffers = bias_score_mod(self.scheme, tgt_len, src_len, query.device,
+        scheme, weighted = self.scheme, need_weights or need_head_weights
+        dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
+        flex_ok = (self.attention_backend == "flex" and not self.encoder_decoder_attention and saved is None
+                   and not (weighted or before_softmax) and (attn_mask is None or attn_mask.dim() == 2))
+        if flex_ok and not scheme.owns_product:
+            score_mod, buffers = bias_score_mod(scheme, tgt_len, src_len, query.device,
                                                 torch.float64 if q.dtype == torch.float64 else torch.float32)
             out, _ = flex(q, k, v, score_mod, buffers, flex_mask(attn_mask, key_padding_mask), scale=self.scaling)
             return self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)), None
-        mask = _additive_mask(attn_mask, key_padding_mask, bsz, self.num_heads, tgt_len, src_len, q.dtype)
-        exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
-        bias = self._bias(positions, key_padding_mask, src_len, exact)  # (H, T, S) or (B, H, T, S)
-        dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
+        mask = (flex_mask(attn_mask, key_padding_mask) if flex_ok
+                else _additive_mask(attn_mask, key_padding_mask, bsz, self.num_heads, tgt_len, src_len, q.dtype))
         weights = None
-        if need_weights or need_head_weights:
-            logits = torch.matmul(q * self.scaling, k.transpose(2, 3))
-            if bias is not None:
-                mask = bias.to(q.dtype) if mask is None else mask + bias.to(q.dtype)
-            if mask is not None:
-                logits = logits + mask
-            half = logits.dtype in (torch.float16, torch.bfloat16)  # softmax in float32 at least, as fairseq's
-            probs = F.softmax(logits, dim=-1, dtype=torch.float32 if half else logits.dtype).to(q.dtype)
-            out = torch.matmul(F.dropout(probs, dropout_p, self.training), v)
-            weights = probs.transpose(0, 1)  # (H, B, T, S)
+        if scheme.owns_product:  # the scheme's own product (Shaw); heads, cache, masks, dropout, projection: here
+            if before_softmax:
+                logits = scheme.scores(self, q, k)
+                return self._before_softmax(logits if mask is None else logits + mask, v)
+            out, weights = scheme.attend(self, q, k, v, mask, dropout_p, weighted)  # weights (B, H, T, S) or None
+        else:
+            exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
+            bias = self._bias(positions, key_padding_mask, src_len, exact)  # (H, T, S) or (B, H, T, S)
+            if weighted or before_softmax:
+                logits = torch.matmul(q * self.scaling, k.transpose(2, 3))
+                if bias is not None:
+                    mask = bias.to(q.dtype) if mask is None else mask + bias.to(q.dtype)
+                if mask is not None:
+                    logits = logits + mask
+                if before_softmax:
+                    return self._before_softmax(logits, v)
+                half = logits.dtype in (torch.float16, torch.bfloat16)  # softmax in float32 at least, as fairseq's
+                weights = F.softmax(logits, dim=-1, dtype=torch.float32 if half else logits.dtype).to(q.dtype)
+                out = torch.matmul(F.dropout(weights, dropout_p, self.training), v)
+            else:
+                out = biased_sdpa(q, k, v, mask, bias, dropout_p)
+        if weights is not None:
+            weights = weights.transpose(0, 1)  # (H, B, T, S)
             if not need_head_weights:
                 weights = weights.mean(dim=0)
-        else:
-            out = biased_sdpa(q, k, v, mask, bias, dropout_p)
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out), weights
+
+    def _before_softmax(self, logits: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+        """fairseq's ``before_softmax`` answer: the logits after the masks, (B·H, T, S), and v, (B·H, S, d)."""
+        bsz, heads, tgt_len, src_len = logits.shape
+        return logits.reshape(bsz * heads, tgt_len, src_len), v.reshape(bsz * heads, src_len, self.head_dim)
 
 
 class PositionalSelfAttention(PositionalAttention):
@@ -99,6 +117,8 @@ class PositionalSelfAttention(PositionalAttention):
                  qn_block_size: int = 8, attention_backend: str = "sdpa"):
         super().__init__(embed_dim, num_heads, scheme, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
                          attention_backend=attention_backend, self_attention=True)
+        for name, parameter in scheme.layer_parameters().items():  # this layer's own (Shaw's tables)
+            self.register_parameter(name, parameter)
 
     def _project(self, q, query, key, key_padding_mask, saved, static_kv):
         bsz, tgt_len = q.size(0), q.size(2)

@@ -38,19 +38,27 @@ recomputes α from q and k instead of keeping it from the forward: no (T, S) ten
 update, see results/bench.md). Memory stays O(B·H·T·S + B·H·T·(2k+1)) per layer at a time.
 ``attention_backend="flex"`` computes the same z without any (T, S) tensor (``fused_attention.shaw_flex``,
 derivation in docs/fused_attention.md).
+
+Mapping to code: ``ShawRelative`` is the scheme (``position_scheme.py``'s contract) that ``position_transformer``
+builds for a Shaw stack: its flags, its architectures' per-size settings, its tables (``layer_parameters``: each
+self-attention's ``relative_keys`` and ``relative_values``) and the product (``attend``, ``scores``);
+``PositionalSelfAttention`` (``PositionalAttention``'s one forward) splits the heads, keeps the cache, builds the
+masks, picks the dropout and projects the output. ``RelativeMultiheadAttention`` is that attention with a Shaw scheme of its own, for one layer alone.
 """
 
 import contextlib
 import math
 from collections import OrderedDict
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
-from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .fused_attention import check_backend, flex_mask, shaw_flex
+from ..flags import Flag, FlagError, boolean
+from .fused_attention import FlexMask, shaw_flex
+from .position_scheme import PositionScheme
+from .positional_attention import PositionalSelfAttention
 
 
 class RelativeIndex(NamedTuple):
@@ -248,9 +256,145 @@ class RelativeAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_keys, grad_values, None, None, None, None
 
 
-class RelativeMultiheadAttention(MultiheadAttention):
-    """fairseq's MultiheadAttention (same interface and q_proj/k_proj/v_proj/out_proj parameters) for
-    self-attention with Shaw et al. relative position representations.
+def _clipping_distance(text):
+    """--max-relative-positions K: an integer k >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"must be >= 0 (got {value}); 0 is the paper's no-position ablation")
+    return value
+
+
+class ShawRelative(PositionScheme):
+    """Shaw et al.'s relative keys and values as a scheme of ``position_transformer`` (the equations above): it
+    owns the attention product (``attend``: ``RelativeAttention``, or ``shaw_flex`` with FlexAttention), and its
+    tables w^K, w^V are one pair per layer, as in the paper (``layer_parameters``: each attention's
+    ``relative_keys`` and ``relative_values``, the state-dict keys ``relative_transformer`` always wrote). No
+    absolute positions by default (the paper's models are "relative only", §4.1; adding sinusoids gave no
+    benefit): fairseq's embedding only with --relative-add-absolute-positions (its learned table with
+    --encoder/decoder-learned-pos).
+
+    Its architectures keep their names, ``relative_transformer[_wmt_en_de|_vaswani_wmt_en_de_big|
+    _vaswani_wmt_en_fr_big|_tiny]``, with the paper's §4.1 settings each pins (``size_defaults``): fairseq's dims,
+    k = 16, tables per head, keys and values; the base model's FFN is the paper's 1024 (fairseq's
+    transformer_wmt_en_de has 2048); the big models have k = 8 and tables shared by the heads; tiny has k = 4."""
+
+    embedding = "none"
+    owns_product = True
+    flags = (
+        Flag("--max-relative-positions", _clipping_distance, "K",
+             "Shaw's clipping distance k: relative distances beyond ±k share one vector (2k+1 vectors per table); "
+             "0 keeps a single vector, the paper's no-position ablation", 16),
+        Flag("--relative-keys", boolean, None, "Shaw: learn relative key vectors a^K (added to the keys in the "
+             "attention scores)", True, switch=True, off="--no-relative-keys",
+             off_help="Shaw: no relative key vectors"),
+        Flag("--relative-values", boolean, None, "Shaw: learn relative value vectors a^V (added to the values; "
+             "paper Table 3 ablates them)", True, switch=True, off="--no-relative-values",
+             off_help="Shaw: no relative value vectors"),
+        Flag("--relative-per-head", boolean, None, "Shaw: unique relative tables per head (the paper's base "
+             "model)", True, switch=True, off="--relative-shared-heads",
+             off_help="Shaw: one relative table per layer shared across heads (the paper's big model)"),
+        Flag("--relative-add-absolute-positions", boolean, None, "Shaw: also add fairseq's absolute (sinusoidal, "
+             "or learned with --encoder/decoder-learned-pos) position embeddings; default: relative positions "
+             "only, as in the paper", False, switch=True),
+    )
+    size_defaults = {
+        "base": {"encoder_ffn_embed_dim": 1024, "decoder_ffn_embed_dim": 1024},
+        "big": {"max_relative_positions": 8, "relative_per_head": False},
+        "big_en_fr": {"max_relative_positions": 8, "relative_per_head": False},
+        "tiny": {"max_relative_positions": 4},
+    }
+
+    @classmethod
+    def validate(cls, args):
+        k = args.max_relative_positions
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise FlagError(f"--max-relative-positions must be an integer >= 0 (got {k!r})")
+        for flag in cls.flags[1:]:
+            if not isinstance(getattr(args, flag.dest), bool):
+                raise FlagError(f"{flag.flag} must be True or False (got {getattr(args, flag.dest)!r})")
+
+    @classmethod
+    def embeds(cls, args):
+        return args.relative_add_absolute_positions
+
+    @classmethod
+    def embed(cls, cfg, stack, embed_dim, max_positions):
+        return stack.embed_positions if cfg.relative_add_absolute_positions else None
+
+    @classmethod
+    def learned_table(cls, learned_pos):
+        return learned_pos  # fairseq's own flags, for --relative-add-absolute-positions
+
+    @classmethod
+    def build(cls, cfg, heads, head_dim, causal):
+        return cls(heads, head_dim, cfg.max_relative_positions, cfg.relative_keys, cfg.relative_values,
+                   cfg.relative_per_head)
+
+    def __init__(self, num_heads: int, head_dim: int, max_relative_positions: int, relative_keys: bool = True,
+                 relative_values: bool = True, per_head: bool = True):
+        super().__init__()
+        if max_relative_positions < 0:
+            raise ValueError(f"max_relative_positions must be >= 0 (got {max_relative_positions})")
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.max_relative_positions, self.per_head = max_relative_positions, per_head
+        self.relative_keys, self.relative_values = relative_keys, relative_values
+
+    def extra_repr(self):
+        return (f"max_relative_positions={self.max_relative_positions}, per_head={self.per_head}, "
+                f"relative_keys={self.relative_keys}, relative_values={self.relative_values}")
+
+    def layer_parameters(self):
+        """w^K and w^V of one layer: Glorot-uniform over each (2k+1, d_z) table, tensor2tensor's initialiser."""
+        shape = ((self.num_heads,) if self.per_head else ()) + (2 * self.max_relative_positions + 1, self.head_dim)
+        bound = math.sqrt(6.0 / (2 * self.max_relative_positions + 1 + self.head_dim))
+        tables = {}
+        for name, wanted in (("relative_keys", self.relative_keys), ("relative_values", self.relative_values)):
+            tables[name] = nn.Parameter(torch.empty(shape).uniform_(-bound, bound)) if wanted else None
+        return tables
+
+    def scores(self, attention, q: Tensor, k: Tensor) -> Tensor:
+        """e_ij = q_i·(k_j + a^K_ij) / sqrt(d_z), with autograd through the offset gather: (B, H, T, S)."""
+        q = q * attention.scaling
+        scores = torch.matmul(q, k.transpose(2, 3))
+        if attention.relative_keys is not None:
+            index = relative_index(self.max_relative_positions, q.size(2), k.size(2), q.device)
+            scores = scores + gather_by_offset(torch.matmul(q, attention.relative_keys.transpose(-1, -2)), index)
+        return scores
+
+    def attend(self, attention, q, k, v, mask, dropout_p, need_weights):
+        """z (B, H, T, d) and α (B, H, T, S) (float32 at least; None unless need_weights) by ``RelativeAttention``
+        (written-out backward, no (T, S, d) tensor), or by ``shaw_flex`` where mask is a FlexMask. Under autocast
+        every product runs in the autocast dtype, as autocast would run them (the autograd function is outside
+        autocast's reach)."""
+        B, H, T, d = q.shape
+        S = k.size(2)
+        tensors = (q * attention.scaling, k, v, attention.relative_keys, attention.relative_values)
+        device_type = q.device.type
+        with contextlib.ExitStack() as stack:
+            if torch.is_autocast_enabled(device_type):
+                dtype = torch.get_autocast_dtype(device_type)
+                tensors = tuple(None if t is None else t.to(dtype) for t in tensors)
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+            if isinstance(mask, FlexMask):
+                return shaw_flex(*tensors, self.max_relative_positions, mask), None
+            q, k, v = (t.reshape(B * H, -1, d) for t in tensors[:3])
+            index = relative_index(self.max_relative_positions, T, S, q.device)
+
+            def masked(scores: Tensor) -> Tensor:  # in place, keeping the scores' dtype (as fairseq)
+                if mask is not None:
+                    scores.view(B, H, T, S).add_(mask)
+                return scores
+
+            out, weights = RelativeAttention.apply(q, k, v, *tensors[3:], index, H, masked, dropout_p)
+        return out.view(B, H, T, d), (weights.view(B, H, T, S) if need_weights else None)
+
+
+class RelativeMultiheadAttention(PositionalSelfAttention):
+    """The project's self-attention (``PositionalSelfAttention``: fairseq's MultiheadAttention parameters and
+    incremental state) with a Shaw scheme of its own: one layer of Shaw et al.'s attention, built alone.
 
     Args:
         max_relative_positions: the clipping distance k (>= 0).
@@ -259,146 +403,20 @@ class RelativeMultiheadAttention(MultiheadAttention):
         per_head: one (2k+1, d_z) table per head, shape (H, 2k+1, d_z); otherwise one table shared by all heads.
         attention_backend: "sdpa" (``RelativeAttention``, the default) or "flex" (``fused_attention.shaw_flex``:
             FlexAttention, no (T, S) tensor; incremental decoding keeps ``RelativeAttention``).
-
-    The forward never takes fairseq's fused paths (F.multi_head_attention_forward, SDPA, xFormers): they would
-    drop the relative terms.
     """
 
-    def __init__(
-        self,
-        embed_dim: int,
-        num_heads: int,
-        max_relative_positions: int,
-        relative_keys: bool = True,
-        relative_values: bool = True,
-        per_head: bool = True,
-        dropout: float = 0.0,
-        bias: bool = True,
-        q_noise: float = 0.0,
-        qn_block_size: int = 8,
-        attention_backend: str = "sdpa",
-    ):
-        if max_relative_positions < 0:
-            raise ValueError(f"max_relative_positions must be >= 0 (got {max_relative_positions})")
-        check_backend(attention_backend, dropout)
-        super().__init__(
-            embed_dim, num_heads, dropout=dropout, bias=bias, self_attention=True,
-            q_noise=q_noise, qn_block_size=qn_block_size,
-        )
-        self.max_relative_positions = max_relative_positions
-        self.per_head = per_head
-        self.attention_backend = attention_backend  # flex: fused_attention.shaw_flex, except step by step
-        table_shape = ((num_heads,) if per_head else ()) + (2 * max_relative_positions + 1, self.head_dim)
-        self.relative_keys = nn.Parameter(torch.empty(table_shape)) if relative_keys else None
-        self.relative_values = nn.Parameter(torch.empty(table_shape)) if relative_values else None
-        self.reset_relative_tables()
+    def __init__(self, embed_dim: int, num_heads: int, max_relative_positions: int, relative_keys: bool = True,
+                 relative_values: bool = True, per_head: bool = True, dropout: float = 0.0, q_noise: float = 0.0,
+                 qn_block_size: int = 8, attention_backend: str = "sdpa"):
+        scheme = ShawRelative(num_heads, embed_dim // num_heads, max_relative_positions, relative_keys,
+                              relative_values, per_head)
+        super().__init__(embed_dim, num_heads, scheme, dropout=dropout, q_noise=q_noise,
+                         qn_block_size=qn_block_size, attention_backend=attention_backend)
 
-    def reset_relative_tables(self):
-        """Glorot-uniform over each (2k+1, d_z) table, tensor2tensor's default initialiser."""
-        bound = math.sqrt(6.0 / (2 * self.max_relative_positions + 1 + self.head_dim))
-        for table in (self.relative_keys, self.relative_values):
-            if table is not None:
-                nn.init.uniform_(table, -bound, bound)
+    @property
+    def max_relative_positions(self):
+        return self.scheme.max_relative_positions
 
-    def extra_repr(self):
-        return (
-            f"max_relative_positions={self.max_relative_positions}, per_head={self.per_head}, "
-            f"relative_keys={self.relative_keys is not None}, relative_values={self.relative_values is not None}"
-        )
-
-    def _split_heads(self, x: Tensor) -> Tensor:
-        """(T, B, H·d_z) -> (B·H, T, d_z), fairseq's head layout."""
-        return x.contiguous().view(x.size(0), -1, self.head_dim).transpose(0, 1)
-
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Input (T, B, C) -> output (T, B, C) and attention weights, as MultiheadAttention. Self-attention only:
-        keys and values are projections of `query` (`key`/`value` are accepted for the interface and unused)."""
-        if static_kv:
-            raise ValueError("relative self-attention has no static keys/values (static_kv=True)")
-        need_weights = need_weights or need_head_weights
-        tgt_len, bsz, embed_dim = query.size()
-
-        q = self._split_heads(self.q_proj(query) * self.scaling)  # x W^Q / sqrt(d_z): (B·H, T, d_z)
-        k = self._split_heads(self.k_proj(query))  # x W^K
-        v = self._split_heads(self.v_proj(query))  # x W^V
-        if incremental_state is not None:
-            k, v, key_padding_mask = self._extend_cache(incremental_state, k, v, key_padding_mask, bsz)
-        src_len = k.size(1)
-        index = relative_index(self.max_relative_positions, tgt_len, src_len, query.device)
-
-        def mask(scores: Tensor) -> Tensor:  # in place, keeping the scores' dtype (as fairseq)
-            if attn_mask is not None:
-                if attn_mask.dtype == torch.bool:
-                    scores.masked_fill_(attn_mask, float("-inf"))
-                else:
-                    scores += attn_mask
-            if key_padding_mask is not None:
-                scores.view(bsz, self.num_heads, tgt_len, src_len).masked_fill_(
-                    key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
-            return scores
-
-        if before_softmax:  # e_ij with autograd through the offset gather
-            scores = torch.bmm(q, k.transpose(1, 2))
-            if self.relative_keys is not None:
-                p = torch.matmul(q.view(bsz, self.num_heads, tgt_len, -1), self.relative_keys.transpose(-1, -2))
-                scores = scores + gather_by_offset(p, index).view(scores.shape)
-            return mask(scores), v
-
-        dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
-        tensors = (q, k, v, self.relative_keys, self.relative_values)
-        device_type = query.device.type
-        flex = (self.attention_backend == "flex" and incremental_state is None and not need_weights
-                and (attn_mask is None or attn_mask.dim() == 2))
-        with contextlib.ExitStack() as stack:
-            if torch.is_autocast_enabled(device_type):  # the autocast dtype for every product, as autocast would
-                dtype = torch.get_autocast_dtype(device_type)
-                tensors = tuple(None if t is None else t.to(dtype) for t in tensors)
-                stack.enter_context(torch.autocast(device_type, enabled=False))
-            if flex:
-                q4, k4, v4 = (t.view(bsz, self.num_heads, -1, self.head_dim) for t in tensors[:3])
-                attn = shaw_flex(q4, k4, v4, *tensors[3:], self.max_relative_positions,
-                                 flex_mask(attn_mask, key_padding_mask))
-                weights = None
-            else:
-                attn, weights = RelativeAttention.apply(*tensors, index, self.num_heads, mask, dropout_p)
-        attn = self.out_proj(attn.view(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
-                             .reshape(tgt_len, bsz, embed_dim))
-
-        attn_weights: Optional[Tensor] = None
-        if need_weights:
-            attn_weights = weights.view(bsz, self.num_heads, tgt_len, src_len).transpose(1, 0)
-            if not need_head_weights:
-                attn_weights = attn_weights.mean(dim=0)
-        return attn, attn_weights
-
-    def _extend_cache(self, incremental_state, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], bsz: int):
-        """Append this step's keys/values to fairseq's incremental buffer (prev_key/prev_value/prev_key_padding_mask,
-        stored as (B, H, S, d_z) like MultiheadAttention, so its reorder_incremental_state reorders beams)."""
-        saved_state = self._get_input_buffer(incremental_state)
-        if "prev_key" in saved_state:
-            k = torch.cat([saved_state["prev_key"].view(bsz * self.num_heads, -1, self.head_dim), k], dim=1)
-            v = torch.cat([saved_state["prev_value"].view(bsz * self.num_heads, -1, self.head_dim), v], dim=1)
-        key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-            key_padding_mask=key_padding_mask,
-            prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-            batch_size=bsz,
-            src_len=k.size(1),
-            static_kv=False,
-        )
-        saved_state["prev_key"] = k.view(bsz, self.num_heads, -1, self.head_dim)
-        saved_state["prev_value"] = v.view(bsz, self.num_heads, -1, self.head_dim)
-        saved_state["prev_key_padding_mask"] = key_padding_mask
-        self._set_input_buffer(incremental_state, saved_state)
-        return k, v, key_padding_mask
+    @property
+    def per_head(self):
+        return self.scheme.per_head
