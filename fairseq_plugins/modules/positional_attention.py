@@ -70,21 +70,19 @@ class PositionalAttention(MultiheadAttention):
         dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
         flex_ok = (self.attention_backend == "flex" and not self.encoder_decoder_attention and saved is None
                    and not (weighted or before_softmax) and (attn_mask is None or attn_mask.dim() == 2))
-        if flex_ok and not scheme.owns_product:
-            score_mod, buffers = bias_score_mod(scheme, tgt_len, src_len, query.device,
-                                                torch.float64 if q.dtype == torch.float64 else torch.float32)
-            out, _ = flex(q, k, v, score_mod, buffers, flex_mask(attn_mask, key_padding_mask), scale=self.scaling)
-            return self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)), None
         mask = (flex_mask(attn_mask, key_padding_mask) if flex_ok
                 else _additive_mask(attn_mask, key_padding_mask, bsz, self.num_heads, tgt_len, src_len, q.dtype))
+        exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
         weights = None
         if scheme.owns_product:  # the scheme's own product (Shaw); heads, cache, masks, dropout, projection: here
             if before_softmax:
                 logits = scheme.scores(self, q, k)
                 return self._before_softmax(logits if mask is None else logits + mask, v)
             out, weights = scheme.attend(self, q, k, v, mask, dropout_p, weighted)  # weights (B, H, T, S) or None
+        elif flex_ok:
+            score_mod, buffers = bias_score_mod(scheme, tgt_len, src_len, query.device, exact)
+            out, _ = flex(q, k, v, score_mod, buffers, mask, scale=self.scaling)
         else:
-            exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
             bias = self._bias(positions, key_padding_mask, src_len, exact)  # (H, T, S) or (B, H, T, S)
             if weighted or before_softmax:
                 logits = torch.matmul(q * self.scaling, k.transpose(2, 3))

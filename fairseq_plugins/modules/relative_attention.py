@@ -43,7 +43,8 @@ Mapping to code: ``ShawRelative`` is the scheme (``position_scheme.py``'s contra
 builds for a Shaw stack: its flags, its architectures' per-size settings, its tables (``layer_parameters``: each
 self-attention's ``relative_keys`` and ``relative_values``) and the product (``attend``, ``scores``);
 ``PositionalSelfAttention`` (``PositionalAttention``'s one forward) splits the heads, keeps the cache, builds the
-masks, picks the dropout and projects the output. ``RelativeMultiheadAttention`` is that attention with a Shaw scheme of its own, for one layer alone.
+masks, picks the dropout and projects the output. ``RelativeMultiheadAttention`` is that attention with a Shaw
+scheme of its own, for one layer alone.
 """
 
 import contextlib
