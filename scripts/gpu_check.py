@@ -26,8 +26,7 @@ e. ``fused`` (170 s): scripts/bench.py --device cuda at T = 64, 256 and 1024 for
    every score bias ≤ 1.05× the Transformer's update, peak memory ≤ 1.05×) in a table of their own: they decide
    the backend's default, not the exit status; the graphs compiled during the timed updates (recompiles) and
    one profiled update per model at T = 256 say where its time goes. Full report: results/gpu_check_fused.md.
-   If the compiles need
-   more than its cap, a second call ``--sections fused --cap fused=500``.
+   If the compiles need more than its cap, a second call ``--sections fused --cap fused=500``.
 
 results/gpu_check.md and .json are written before the first section and rewritten (atomically) the moment each
 section ends, with every section so far: a section that raises or exceeds its cap records its reason (the
@@ -523,7 +522,8 @@ def run_bench(rows, args, out_json, out_md, **extra):
         rows.add("ratio", model=r["model"], length=r["length"], train_ratio=r.get("train_ratio"),
                  memory_ratio=r.get("memory_ratio"),
                  train_ms=None if r.get("train_update_median_s") is None else r["train_update_median_s"] * 1e3,
-                 peak_mib=r.get("peak_memory_mib"), error=r.get("error"), **{field: r.get(key) for field, key in extra.items()})
+                 peak_mib=r.get("peak_memory_mib"), error=r.get("error"),
+                 **{field: r.get(key) for field, key in extra.items()})
 
 
 # -- e. fused attention --------------------------------------------------------------------------------------
@@ -782,7 +782,8 @@ def fused_lines(report):
               f"{FUSED_GOALS['relative'][0]:g}×, every score bias' ≤ {FUSED_GOALS['t5'][0]:g}×, peak memory ≤ "
               f"{FUSED_GOALS['t5'][1]:g}×.", "",
               "| scheme | T | train: today | train: flex | memory: today | memory: flex | flex ms | flex MiB | "
-              "flex recompiles while timed | flex within its goals |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "flex recompiles while timed | flex within its goals |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     lengths = sorted({T for _, T in ratios})
     for name in FUSED_MODELS:
         for T in lengths:

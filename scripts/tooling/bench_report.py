@@ -84,7 +84,9 @@ def markdown(res):
             f"{fmt(r.get(f'decode_per_sentence_{other}_median_s'), 1e3)} | {ratio(r.get('memory_ratio'))} | "
             f"{fmt(r.get('peak_memory_mib'), 1.0, 0)} | "
             f"{'—' if r.get('ode_share') is None else format(100 * r['ode_share'], '.0f') + '%'} |")
-    lines += [f"`{r['model']}` at T = {r['length']} failed: {r['error']}" for r in res["rows"] if "error" in r]
+    failed = [f"- `{r['model']}` at T = {r['length']} failed: {r['error']}" for r in res["rows"] if "error" in r]
+    if failed:  # after a blank line: a line right below a table would be read as one more of its rows
+        lines += ["", *failed]
     compiled = [r for r in res["rows"] if r.get("compiled_graphs_warmup") or r.get("compiled_graphs_timed")]
     if compiled:
         lines += ["", "Graphs compiled by torch.compile (dynamo's unique graphs) in the warm-up / the timed updates "
