@@ -32,7 +32,7 @@ if WORKER:
     # more threads than there are cores. Tests that need a thread count set their own.
     os.environ["OMP_NUM_THREADS"] = "1"
 
-pytest_plugins = ["helpers.tier_clock"]
+pytest_plugins = ["helpers.tier_clock", "helpers.file_order"]
 
 
 def env():
@@ -144,7 +144,7 @@ def on_the_diagonal(item):
 
 # The costliest files first, by their CPU seconds in make test (2-core machine, 2026-11-26: 229 for the study's
 # file down to 47), longest first: pytest-xdist's loadfile hands out whole files in collection order (two to each
-# worker at the start), so a long file collected last runs alone at the end while the other worker idles. The
+# worker at the start; helpers/file_order.py turns off its default sorting by number of tests), so a long file collected last runs alone at the end while the other worker idles. The
 # first four pair the files that share a fixture built once per run, one pair a worker, so that neither waits on
 # the other's lock: the study's first run (study, study_schemes) and the toy models (pipeline, hub).
 COSTLIEST_FIRST = ("test_multi30k_study", "test_pipeline", "test_multi30k_study_schemes", "test_hub",
