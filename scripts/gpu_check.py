@@ -42,8 +42,8 @@ literature's 41.0, or how far it got. It writes results/gpu_check_calibrate.md (
 ``--dry-run`` runs the same code on CPU at the smallest sizes (CUDA graphs through the CPU emulation in
 tests/helpers/cuda_graph_emulation.py, which gpu_check.sh puts on PYTHONPATH), under caps for a small CPU
 machine (``DRY_CAPS``), so that everything but the GPU itself is exercised; its report says so. With
-``--calibrate`` it trains one epoch of 200 sentences of Multi30k (of the toy task if there is no Multi30k), without
-the length probe (the recipe's PROBE=0: only BLEU is read).
+``--calibrate`` it trains one epoch of 200 sentences of Multi30k (of the toy task if there is no Multi30k) with
+one-layer models of width 32, without the length probe (the recipe's PROBE=0: only BLEU is read).
 """
 
 import argparse
@@ -94,8 +94,12 @@ DATA_CAP = 30  # preparing data/toy when it is missing (make_toy_data.py + prepa
 CALIBRATE_CAP = 510  # the recipe and its runs are killed here: the call ends before 9 minutes
 CALIBRATE_MODELS = "transformer relative floater"
 CALIBRATE_RECIPE = {"EPOCHS": "62", "WARMUP": "2000", "AVG": "10"}  # the literature's 8,000 updates
-# the dry run: one epoch of a few hundred sentences
-DRY_CALIBRATE_RECIPE = {"EPOCHS": "1", "WARMUP": "10", "AVG": "1", "VOCAB": "500"}
+# the dry run: one epoch of a few hundred sentences, at the smallest sizes (the recipe's 4+4 layers of 128 spent
+# most of the dry run decoding the untrained models' outputs to the length cap)
+DRY_CALIBRATE_RECIPE = {"EPOCHS": "1", "WARMUP": "10", "AVG": "1", "VOCAB": "500",
+                        "MODEL_ARGS": "--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 "
+                                      "--decoder-embed-dim 32 --encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 "
+                                      "--encoder-attention-heads 2 --decoder-attention-heads 2"}
 DRY_CALIBRATE_SENTENCES = {"train": 200, "val": 40, "test_2016_flickr": 40}
 LITERATURE_BLEU = 41.0  # tokenized lowercased BLEU of the tiny Transformer, Multi30k en-de test_2016_flickr
 # hooks for the tests only: a section that raises, or hangs (with its own process and a child)

@@ -32,7 +32,7 @@ if WORKER:
     # more threads than there are cores. Tests that need a thread count set their own.
     os.environ["OMP_NUM_THREADS"] = "1"
 
-pytest_plugins = ["helpers.tier_clock"]
+pytest_plugins = ["helpers.tier_clock", "helpers.file_order"]
 
 
 def env():
@@ -143,16 +143,19 @@ def on_the_diagonal(item):
 
 
 # The costliest files first, by their CPU seconds in make test (2-core machine, 2026-11-26: 229 for the study's
-# file down to 47), longest first: pytest-xdist's loadfile hands out whole files in collection order (two to each
-# worker at the start), so a long file collected last runs alone at the end while the other worker idles. The
-# first four pair the files that share a fixture built once per run, one pair a worker, so that neither waits on
-# the other's lock: the study's first run (study, study_schemes) and the toy models (pipeline, hub).
+# file down to 47; test_slurm by its wall seconds, mostly waiting on the cluster), longest first: pytest-xdist's
+# loadfile hands out whole files in collection order (not sorted by their number of tests, its default:
+# helpers/file_order.py), the next file to the first worker with two tests or fewer left, so a long file collected
+# last runs alone at the end while the other worker idles. The files that share a fixture built once per run are
+# far enough apart that neither waits on the other's lock: the study's first run (study, then study_schemes) and
+# the toy models (pipeline's Transformer, hub's relative and FLOATER, which test_precision_decode and test_learning
+# read well after hub: asked for at once, one worker would wait a 12-epoch training out).
 COSTLIEST_FIRST = ("test_multi30k_study", "test_pipeline", "test_multi30k_study_schemes", "test_hub",
                    "test_multi30k_study_train_short", "test_precision", "test_floater_cuda_graph",
-                   "test_precision_decode", "test_distributed", "test_gpu_check_calibrate", "test_fairseq_patch",
-                   "test_gpu_bundle", "test_multi30k_study_retrain", "test_multi30k_smoke", "test_bad_input",
-                   "test_readme", "test_learning", "test_position_schemes", "test_configs", "test_launchers",
-                   "test_gpu_check")
+                   "test_distributed", "test_gpu_check_calibrate", "test_fairseq_patch",
+                   "test_gpu_bundle", "test_slurm", "test_multi30k_study_retrain", "test_multi30k_smoke",
+                   "test_precision_decode", "test_bad_input", "test_readme", "test_learning", "test_position_schemes",
+                   "test_configs", "test_launchers", "test_gpu_check")
 
 
 def _module(item):

@@ -115,6 +115,20 @@ def test_make_runs_both_tiers_on_workers_with_durations_and_the_fast_one_clocked
     assert "TIER_MAX_SECONDS=$(TIER_MAX_SECONDS) $(PYTEST) -m \"not slow\"" in recipes["test-fast"]
 
 
+
+def test_workers_run_the_files_in_collection_order(tmp_path):
+    """pytest-xdist's loadfile hands out files in the order collected (conftest's COSTLIEST_FIRST), not sorted by
+    their number of tests, its default: one file of one test and one of three, on one worker, run as collected."""
+    (tmp_path / "test_a_one.py").write_text("def test_1():\n    pass\n")
+    (tmp_path / "test_b_three.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(3)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "helpers.file_order", "-p", "no:cacheprovider",
+                           "-p", "no:randomly", "-n", "1", "--dist", "loadfile", "test_a_one.py", "test_b_three.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+    ran = [line.split("PASSED ", 1)[1].split("::")[0] for line in proc.stdout.splitlines() if "PASSED " in line]
+    assert ran == ["test_a_one.py"] + ["test_b_three.py"] * 3, proc.stdout
+
 @pytest.mark.slow  # collects the whole suite
 def test_the_costliest_files_are_collected_first_and_exist():
     # pytest-xdist's loadfile schedules whole files in collection order: a long file collected last would run
