@@ -43,7 +43,8 @@ def make(family, seed=0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # the tables drawn at random, not left as initialised (padding rows too: only rows read)
         for name, p in model.named_parameters():
-            if "embed_positions" in name or "relative_" in name or "position_scheme" in name:  # T5: β redrawn
+            # T5: β redrawn; FLOATER's flows (randomize_flows) are not tables
+            if "embed_positions" in name or "relative_" in name or ("position_scheme" in name and family != "floater"):
                 p.normal_(generator=g)
     return model.eval(), args
 

@@ -100,15 +100,17 @@ class Floater(PositionScheme):
             raise FlagError(f"--floater-hidden must be an integer >= 1, got {hidden!r}")
         if args.floater_layers not in LAYERS:
             raise FlagError(f"--floater-layers must be 'all' or 'input', got {args.floater_layers!r}")
-        # --offload-activations before --checkpoint-activations: fairseq's arch defaults set the latter from it
-        for flag, name in (("--offload-activations", "offload_activations"),
-                           ("--checkpoint-activations", "checkpoint_activations"), ("--quant-noise-pq", "quant_noise_pq")):
-            if getattr(args, name, False):
-                raise FlagError(f"FLOATER does not support {flag}: its position biases are bound to the attention "
-                                "projections for one forward")
 
     @classmethod
     def build(cls, cfg, heads, head_dim, causal):
+        # fairseq's flags that re-run or change the projections: refused here, where the stack's config has them
+        # (--offload-activations first: fairseq's arch defaults set --checkpoint-activations from it)
+        for flag, value in (("--offload-activations", cfg.offload_activations),
+                            ("--checkpoint-activations", cfg.checkpoint_activations),
+                            ("--quant-noise-pq", cfg.quant_noise.pq)):
+            if value:
+                raise FlagError(f"FLOATER does not support {flag}: its position biases are bound to the attention "
+                                "projections for one forward, which that flag runs again or changes")
         return cls(cfg, heads * head_dim, decoder=causal)
 
     def __init__(self, cfg, dim: int, decoder: bool):
