@@ -12,7 +12,8 @@ Every scheme enters a Transformer at one of a few hooks (the kinds):
   positions is permutation-invariant);
 - ``relative vectors`` (Shaw et al.): relative key and value vectors inside the attention's products, a scheme
   that owns the product (the contract's ``attend``);
-- ``projection biases`` (FLOATER): position-dependent q/k/v biases, a model family of its own.
+- ``projection biases`` (FLOATER): position-dependent q/k/v biases (the contract's ``project`` and the hooks that
+  give it a batch's positions).
 
 ``SCHEMES`` is the one list every other place reads: the ``position_transformer`` family (its
 ``--position-scheme`` choices, its flags and ``<scheme>_transformer_*`` architectures), the benchmark, the demo, the
@@ -30,6 +31,7 @@ from .modules.cape import CAPE
 from .modules.cross_prior import AlibiSync
 from .modules.every_layer import EveryLayer
 from .modules.fire import FIRE
+from .modules.floater import Floater
 from .modules.kerple import KerpleLog
 from .modules.position_scheme import Learned, NoPE, PositionScheme, Sinusoidal
 from .modules.randomized_positions import Randomized
@@ -112,15 +114,15 @@ SCHEMES = {s.name: s for s in (
     Scheme("shaw", "relative", "relative vectors", "Shaw et al., NAACL 2018 (arXiv 1803.02155)",
            POSITION_TRANSFORMER, "relative_transformer", cls=ShawRelative),
     Scheme("floater", "floater", "projection biases", "Liu et al., ICML 2020 (arXiv 2003.09229)",
-           "floater_transformer", "floater_transformer"),
+           POSITION_TRANSFORMER, "floater_transformer", cls=Floater),
 )}
 
 MODELS = {s.model: s for s in SCHEMES.values()}  # by the name scripts use
 # The schemes position_transformer registers architectures for: <arch_prefix><size suffix>.
 FAMILY_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.family == POSITION_TRANSFORMER)
 # Those of them that no paper's table reports (their WMT14 configs are scripts/make_tables.py --list newer):
-# every-layer positions are FLOATER's Table 2 baseline, and Shaw's have their paper's own rows.
-NEW_SCHEMES = tuple(n for n in FAMILY_SCHEMES if n not in ("every_layer", "shaw"))
+# every-layer positions are FLOATER's Table 2 baseline, and Shaw's and FLOATER's have their papers' own rows.
+NEW_SCHEMES = tuple(n for n in FAMILY_SCHEMES if n not in ("every_layer", "shaw", "floater"))
 
 
 def by_model(name):

@@ -340,7 +340,7 @@ def order_check(device, dims, lengths, tokens, rows):
                 cached = torch.cuda.memory_reserved()
                 gc.collect()
                 torch.cuda.empty_cache()
-            members = b.model.floater_positions.members
+            members = b.model.encoder.position_scheme.positions.members
             shape = (len(members), max(len(projections) for _, projections in members),
                      members[0][0].dynamics.fc1.weight.shape[0])
             measured[graph] = {

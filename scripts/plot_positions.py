@@ -226,11 +226,18 @@ def _projection_label(name):
     return int(m.group(1)), ("cross-" if m.group(2) == "encoder_attn" else "") + m.group(3)
 
 
-FLOWS = (("encoder", "encoder", "floater_flow", "floater_projections", "encoder self-attention (source positions)"),
-         ("decoder", "decoder", "floater_flow", "floater_projections",
+# (flow, stack, the stack's FLOATER module's flow and its projections, title)
+FLOWS = (("encoder", "encoder", "flow", "projections", "encoder self-attention (source positions)"),
+         ("decoder", "decoder", "flow", "projections",
           "decoder self-attention and cross-attention q (target positions)"),
-         ("cross", "decoder", "floater_cross_flow", "floater_cross_projections",
-          "decoder cross-attention k, v (source positions)"))
+         ("cross", "decoder", "cross_flow", "cross_projections", "decoder cross-attention k, v (source positions)"))
+
+
+def is_floater(model):
+    from fairseq_plugins.modules.floater import Floater
+
+    return any(isinstance(getattr(getattr(model, part, None), "position_scheme", None), Floater)
+               for part in ("encoder", "decoder"))
 
 
 def floater_biases(model, num_positions):
@@ -242,14 +249,14 @@ def floater_biases(model, num_positions):
     import torch
 
     names = _module_names(model)
-    positions = model.floater_positions
     out = []
     with torch.no_grad():
         for flow_name, part, flow_attr, proj_attr, title in FLOWS:
-            module = getattr(model, part)
+            module = getattr(model, part).position_scheme
             flow = getattr(module, flow_attr, None)
             if flow is None:
                 continue
+            positions = module.positions  # the model's: the stacks share it
             projections = getattr(module, proj_attr)
             delta = positions.biases(flow, num_positions)
             b0 = torch.stack([p.bias for p in projections]).to(delta.dtype)
@@ -393,7 +400,7 @@ def absolute_embeddings(model):
 
 
 def scheme(model):
-    if hasattr(model, "floater_positions"):
+    if is_floater(model):
         return "floater"
     if relative_tables(model):
         return "relative"
@@ -929,7 +936,7 @@ def _draw(args):
     except BadInput as e:
         fail(str(e))
     for model, path in zip(models, args.checkpoints):  # FLOATER's solve first (then cached): before any figure
-        if hasattr(model, "floater_positions"):
+        if is_floater(model):
             try:
                 floater_biases(model, args.positions)
             except FloaterSolverError:

@@ -36,8 +36,9 @@ from omegaconf import OmegaConf
 from tooling.atomic import save_torch
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
-from fairseq_plugins.models.floater_transformer import FloaterTransformerModel, add_floater_args  # noqa: E402
-from fairseq_plugins.modules.floater import FloaterFlow  # noqa: E402
+from fairseq_plugins.models.position_transformer import PositionTransformerModel  # noqa: E402
+from fairseq_plugins.modules.floater import Floater, FloaterFlow  # noqa: E402
+from fairseq_plugins.schemes import SCHEMES, SIZES  # noqa: E402
 
 DIMS = ("encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_layers", "encoder_attention_heads",
         "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads")
@@ -75,7 +76,7 @@ def floater_args(model_args, arch, target_arch, options):
     """IN's model args switched to the floater arch: same dimensions, FLOATER options and defaults added."""
     target_arch = target_arch or (f"floater_{arch}" if f"floater_{arch}" in ARCH_MODEL_REGISTRY
                                   else "floater_transformer")
-    if ARCH_MODEL_REGISTRY.get(target_arch) is not FloaterTransformerModel:
+    if target_arch not in {SCHEMES["floater"].arch(size) for size in SIZES}:
         raise ConversionError(f"--arch {target_arch!r} is not a floater_transformer architecture")
     reference = argparse.Namespace()
     ARCH_CONFIG_REGISTRY[target_arch](reference)
@@ -112,11 +113,11 @@ def convert_model_state(model_state, args):
     """The floater model's state: IN's tensors, plus flows with h ≡ 0 and update counters at 0."""
     task = _Dictionaries(model_state, shared=getattr(args, "share_all_embeddings", False))
     try:
-        model = FloaterTransformerModel.build_model(copy.copy(args), task)
+        model = PositionTransformerModel.build_model(copy.copy(args), task)
     except ValueError as err:
         raise ConversionError(str(err))
     result = model.load_state_dict(model_state, strict=False, model_cfg=args)
-    flow_keys = {k for k in model.state_dict() if ".floater_" in k}
+    flow_keys = {k for k in model.state_dict() if ".position_scheme." in k}
     if result.unexpected_keys or set(result.missing_keys) - flow_keys:
         raise ConversionError("the checkpoint's weights do not fit the floater model (missing: "
                               f"{sorted(set(result.missing_keys) - flow_keys)[:3]}, "
@@ -168,7 +169,7 @@ def main(argv=None):
     parser.add_argument("output", metavar="OUT.pt", help="where to write the floater_transformer checkpoint")
     parser.add_argument("--arch", help="floater architecture of OUT (default: floater_<IN's arch> when it exists, "
                                        "else floater_transformer); must have IN's dimensions")
-    add_floater_args(parser.add_argument_group("FLOATER options (default: the arch's)",
+    Floater.add_args(parser.add_argument_group("FLOATER options (default: the arch's)",
                                                argument_default=argparse.SUPPRESS))
     args = parser.parse_args(argv)
     options = argparse.Namespace(**{k: v for k, v in vars(args).items() if k.startswith("floater_")})

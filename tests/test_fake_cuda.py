@@ -25,7 +25,7 @@ SCENARIOS.append("floater_transformer_tiny/train_cuda_graph")
 KNOWN_SYNCS = {
     "fairseq_plugins/modules/floater/flows.py (solve_checked)":
         "bool() of the solution's finiteness check, once per solver call (one per training forward)",
-    "fairseq_plugins/modules/floater/flows.py (check_decoding_step)":
+    "fairseq_plugins/modules/floater/scheme.py (check_decoding_step)":
         "bool() of the decoder features' finiteness check, once per incremental decoding step",
     "fairseq/models/transformer/transformer_encoder.py (forward_scriptable)":
         "fairseq's `if has_pads:` (encoder_padding_mask.any()), twice per encoder forward",

@@ -1,4 +1,4 @@
-"""FLOATER's flows and model (fairseq_plugins/modules/floater/flows.py, models/floater_transformer.py): one solve per
+"""FLOATER's flows and model (fairseq_plugins/modules/floater/flows.py and scheme.py): one solve per
 forward for all flows, the warm-start identity with fairseq's Transformer, incremental decoding, any length, caching
 and its gradients, validation, flags."""
 import argparse
@@ -15,6 +15,7 @@ from fairseq.sequence_generator import SequenceGenerator
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 from fairseq_plugins.modules import floater  # noqa: E402
 from fairseq_plugins.modules.floater import (  # noqa: E402
+    Floater,
     FloaterFlow,
     FloaterSolverError,
 )
@@ -47,10 +48,10 @@ def test_every_flow_solved_together_equals_each_flow_alone():
     model = floater_model().eval()
     src, lengths, prev = batch()
     model(src, lengths, prev)
-    pairs = [(model.encoder.floater_flow, model.encoder.floater_projections),
-             (model.decoder.floater_flow, model.decoder.floater_projections),
-             (model.decoder.floater_cross_flow, model.decoder.floater_cross_projections)]
-    for (flow, projections), joint in zip(pairs, model.floater_positions._eval_cache.delta):
+    pairs = [(model.encoder.position_scheme.flow, model.encoder.position_scheme.projections),
+             (model.decoder.position_scheme.flow, model.decoder.position_scheme.projections),
+             (model.decoder.position_scheme.cross_flow, model.decoder.position_scheme.cross_projections)]
+    for (flow, projections), joint in zip(pairs, model.encoder.position_scheme.positions._eval_cache.delta):
         with torch.no_grad():
             alone = flow([p.bias for p in projections], joint.size(0))
         torch.testing.assert_close(joint, alone, rtol=0, atol=1e-12)
@@ -63,7 +64,7 @@ def test_encoder_and_decoder_called_apart_in_training_equal_the_model_forward():
     apart = model.decoder(prev, model.encoder(src, lengths))[0]
     torch.testing.assert_close(apart, together, rtol=0, atol=1e-12)
     apart.pow(2).mean().backward()
-    assert model.decoder.floater_cross_flow.dynamics.fc2.weight.grad.abs().sum() > 0
+    assert model.decoder.position_scheme.cross_flow.dynamics.fc2.weight.grad.abs().sum() > 0
 
 
 def test_beam_search_solves_once(monkeypatch):
@@ -83,12 +84,12 @@ def test_one_solve_per_forward_for_all_flows_with_every_block_in_one_state(monke
     model(*batch())
     assert len(calls) == 1  # encoder flow, decoder flow and decoder cross flow together
     enc, dec = model.encoder, model.decoder
-    assert [type(f) for f in (enc.floater_flow, dec.floater_flow, dec.floater_cross_flow)] == [FloaterFlow] * 3
+    assert [type(f) for f in (enc.position_scheme.flow, dec.position_scheme.flow, dec.position_scheme.cross_flow)] == [FloaterFlow] * 3
     # one FloaterSettings, checked once, shared by the model's flows
-    assert enc.floater_flow.settings is dec.floater_flow.settings is dec.floater_cross_flow.settings
+    assert enc.position_scheme.flow.settings is dec.position_scheme.flow.settings is dec.position_scheme.cross_flow.settings
     # the state stacks every block's initial values: 2 blocks × (q, k, v) | (q, k, v, cross q) | (cross k, v)
-    assert len(enc.floater_projections) == 6
-    assert len(dec.floater_projections) == 8 and len(dec.floater_cross_projections) == 4
+    assert len(enc.position_scheme.projections) == 6
+    assert len(dec.position_scheme.projections) == 8 and len(dec.position_scheme.cross_projections) == 4
 
 
 def test_theta_shared_across_blocks_and_initial_values_per_block():
@@ -101,14 +102,14 @@ def test_theta_shared_across_blocks_and_initial_values_per_block():
     enc = model.encoder
     for n, layer in enumerate(enc.layers):
         for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
-            assert enc.floater_projections[3 * n + j].bias is getattr(layer.self_attn, name).bias
-    b0 = [p.bias for p in enc.floater_projections]
+            assert enc.position_scheme.projections[3 * n + j].bias is getattr(layer.self_attn, name).bias
+    b0 = [p.bias for p in enc.position_scheme.projections]
     assert len({id(b) for b in b0}) == len(b0) and all(isinstance(b, torch.nn.Parameter) for b in b0)
     # one backward reaches θ and every block's own b(0)
     model.train()
     out = model(*batch())[0]
     out.pow(2).mean().backward()
-    assert enc.floater_flow.dynamics.fc2.weight.grad.abs().sum() > 0
+    assert enc.position_scheme.flow.dynamics.fc2.weight.grad.abs().sum() > 0
     assert all(b.grad is not None and b.grad.abs().sum() > 0 for b in b0)
 
 
@@ -124,10 +125,10 @@ def test_parameters_added_per_arch():
 
 def test_input_variant_drives_only_the_first_block():
     model = floater_model(floater_layers="input")
-    assert len(model.encoder.floater_projections) == 3
-    assert len(model.decoder.floater_projections) == 4 and len(model.decoder.floater_cross_projections) == 2
+    assert len(model.encoder.position_scheme.projections) == 3
+    assert len(model.decoder.position_scheme.projections) == 4 and len(model.decoder.position_scheme.cross_projections) == 2
     first = model.encoder.layers[0].self_attn
-    assert {id(p) for p in model.encoder.floater_projections} == {id(first.q_proj), id(first.k_proj),
+    assert {id(p) for p in model.encoder.position_scheme.projections} == {id(first.q_proj), id(first.k_proj),
                                                                   id(first.v_proj)}
 
 
@@ -146,7 +147,7 @@ def test_zero_flow_equals_fairseq_transformer(mode, layers):
     for flow in flows(fl):
         flow.dynamics.zero_output_()
     missing, unexpected = tr.load_state_dict(fl.state_dict(), strict=False)
-    assert not missing and all("floater" in k or k == "position_record" for k in unexpected)  # its own record
+    assert not missing and all(".position_scheme." in k or k == "position_record" for k in unexpected)  # its own record
     fl, tr = fl.double(), tr.double()
     getattr(fl, mode)()
     getattr(tr, mode)()
@@ -174,14 +175,15 @@ def test_each_decoder_forward_binds_all_its_biases_at_once(monkeypatch, no_cross
     model = floater_model(no_cross_attention=no_cross_attention).eval()
     dec = model.decoder
     src, lengths, prev = batch()
-    bind = floater.flows.bind
+    gather = Floater._decoder_bindings
     calls = []
 
-    def counting(bindings):
-        calls.append([proj for proj, _ in bindings])
-        return bind(bindings)
+    def counting(self, *args):
+        bindings = gather(self, *args)
+        calls.append(list(bindings))
+        return bindings
 
-    monkeypatch.setattr(floater.flows, "bind", counting, raising=False)
+    monkeypatch.setattr(Floater, "_decoder_bindings", counting)
     enc = model.encoder(src, lengths)
     calls.clear()
     with torch.no_grad():
@@ -189,8 +191,8 @@ def test_each_decoder_forward_binds_all_its_biases_at_once(monkeypatch, no_cross
         state = {}
         for t in range(3):
             dec(prev[:, : t + 1], enc, incremental_state=state)
-    driven = [id(p) for p in dec.floater_projections + dec.floater_cross_projections]
-    assert bool(dec.floater_cross_projections) is not no_cross_attention
+    driven = [id(p) for p in dec.position_scheme.projections + dec.position_scheme.cross_projections]
+    assert bool(dec.position_scheme.cross_projections) is not no_cross_attention
     assert [[id(p) for p in call] for call in calls] == [driven] * 4
 
 
@@ -240,7 +242,7 @@ def test_long_inputs_extend_the_cache_and_match_a_fresh_solve(monkeypatch):
     model = floater_model().eval()
     src, lengths, prev = batch(src_len=8)
     model(src, lengths, prev)  # cache holds 64 rows
-    cached = model.floater_positions._eval_cache.delta[0].size(0)
+    cached = model.encoder.position_scheme.positions._eval_cache.delta[0].size(0)
     long_src, long_prev = torch.randint(4, VOCAB, (2, 4 * cached)), torch.randint(4, VOCAB, (2, 4 * cached))
     calls = count_solves(monkeypatch)
     out = model(long_src, long_src.ne(PAD).sum(1), long_prev)[0]
@@ -249,7 +251,7 @@ def test_long_inputs_extend_the_cache_and_match_a_fresh_solve(monkeypatch):
     for flow in flows(fresh):
         flow.invalidate_cache()
     torch.testing.assert_close(out, fresh(long_src, long_src.ne(PAD).sum(1), long_prev)[0], rtol=0, atol=1e-8)
-    assert all(delta.size(0) >= 4 * cached for delta in model.floater_positions._eval_cache.delta)
+    assert all(delta.size(0) >= 4 * cached for delta in model.encoder.position_scheme.positions._eval_cache.delta)
 
 
 # -- caching and gradients -----------------------------------------------------------------------------
@@ -273,7 +275,7 @@ def test_eval_cache_no_solve_until_parameters_change(monkeypatch):
     assert len(calls) == 1
     # so do fairseq's set_num_updates (its Adam edits weights through .data, which keeps _version) ...
     def edit_through_data_then_set_num_updates():
-        model.encoder.floater_flow.dynamics.fc2.bias.data.add_(0.01)
+        model.encoder.position_scheme.flow.dynamics.fc2.bias.data.add_(0.01)
         model.set_num_updates(7)
 
     # ... and load_state_dict
@@ -303,10 +305,10 @@ def test_update_every_n_resolves_every_n_updates_and_b0_always_learns(monkeypatc
         assert (f["theta_grad"] > 0) == (f["update"] % 3 == 0)
         assert f["b0_grad"] > 0  # b(0) + cached Δb: b(0) keeps its gradient
     # the counter and the cache are module state: they survive a state_dict round trip (checkpoint resume)
-    assert int(model.encoder.floater_flow.num_updates) == 7
+    assert int(model.encoder.position_scheme.flow.num_updates) == 7
     state = model.state_dict()
-    theta = sum(p.numel() for p in model.encoder.floater_flow.parameters())
-    assert state["encoder.floater_flow._extra_state"].shape == (6 * 64 + theta,)  # b(0) and θ of update 6
+    theta = sum(p.numel() for p in model.encoder.position_scheme.flow.parameters())
+    assert state["encoder.position_scheme.flow._extra_state"].shape == (6 * 64 + theta,)  # b(0) and θ of update 6
     resumed = floater_model(floater_update_every=3, seed=5)
     resumed.load_state_dict(state)
     assert all(f._num_updates == 7 and int(f.num_updates) == 7 for f in flows(resumed))
@@ -335,7 +337,7 @@ def test_cached_training_update_uses_cached_values():
 def test_non_finite_solution_raises_one_clear_error():
     model = floater_model().eval()
     with torch.no_grad():
-        model.encoder.floater_flow.dynamics.fc2.bias.fill_(float("nan"))
+        model.encoder.position_scheme.flow.dynamics.fc2.bias.fill_(float("nan"))
     with pytest.raises(FloaterSolverError, match=r"non-finite.*--floater-method rk4 --floater-dt 0.1"):
         model(*batch())
 
@@ -480,7 +482,10 @@ def test_archs_are_fairseqs_with_floater_defaults():
         ours, theirs = argparse.Namespace(), argparse.Namespace()
         ARCH_CONFIG_REGISTRY["floater_transformer" + suffix](ours)
         ARCH_CONFIG_REGISTRY["transformer" + suffix](theirs)
-        assert vars(ours) == {**vars(theirs), **floater_defaults}
+        expected = {**vars(theirs), **floater_defaults, "position_scheme": "floater"}
+        assert {name: vars(ours).get(name) for name in expected} == expected
+        # the rest: the other schemes' flags at their defaults (a checkpoint's arguments hold them all)
+        assert not {n for n in vars(ours) if n not in expected and n.startswith("floater_")}
 
 
 # -- validation and optimizers ------------------------------------------------------------------------

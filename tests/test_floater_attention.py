@@ -1,5 +1,5 @@
-"""FLOATER's position-biased attention (fairseq_plugins/modules/floater/attention.py): positions follow fairseq's
-numbering, and the fused attention equals fairseq's own path."""
+"""FLOATER's position-biased projections (fairseq_plugins/modules/floater/attention.py, scheme.py): positions
+follow fairseq's numbering, and the fused attention on them equals the explicit path."""
 import argparse
 from pathlib import Path
 
@@ -41,11 +41,13 @@ def test_positions_matter():
 
 
 @pytest.mark.parametrize("kind", ["self", "causal", "cross"])
-def test_fused_attention_equals_fairseqs_own_path(kind, monkeypatch):
+def test_fused_attention_equals_the_explicit_path(kind, monkeypatch):
     """The attention FLOATER runs in training (F.scaled_dot_product_attention on the position-biased q, k, v)
-    equals fairseq's MultiheadAttention path (scores, masks, softmax, values) in outputs and every gradient."""
+    equals the explicit path (scores, masks, softmax, values: what runs when the weights are asked for) in
+    outputs and every gradient, Δb's included."""
     model = floater_model().train()
-    layer = model.decoder.layers[0] if kind != "self" else model.encoder.layers[0]
+    stack = model.decoder if kind != "self" else model.encoder
+    layer, scheme = stack.layers[0], stack.position_scheme
     attention = layer.encoder_attn if kind == "cross" else layer.self_attn
     g = torch.Generator().manual_seed(3)
     T, S, B, C = 5, 7 if kind == "cross" else 5, 3, attention.embed_dim
@@ -61,16 +63,15 @@ def test_fused_attention_equals_fairseqs_own_path(kind, monkeypatch):
     query_rows = torch.arange(T)[:, None] if kind == "cross" else key_rows  # cross: target positions
     delta = torch.randn(S, 3, C, generator=g, dtype=torch.double, requires_grad=True)
     key = mem if kind == "cross" else x
-    # fairseq's softmax casts to float32; in double precision here, so that the paths must agree to 1e-10
-    monkeypatch.setattr(utils, "softmax", lambda x, dim, onnx_trace=False: torch.softmax(x, dim))
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
 
     def run(need_weights):
-        with floater.bind(floater.position_bindings([attention.q_proj], delta[:T, :1], query_rows)
-                          + floater.position_bindings([attention.k_proj, attention.v_proj], delta[:, 1:], key_rows)):
+        bindings = {**floater.position_bindings([attention.q_proj], delta[:T, :1], query_rows),
+                    **floater.position_bindings([attention.k_proj, attention.v_proj], delta[:, 1:], key_rows)}
+        with scheme.bound(bindings):
             out, _ = attention(x, key, key, key_padding_mask=padding, need_weights=need_weights,
                                static_kv=kind == "cross", attn_mask=causal)
         weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(4), dtype=out.dtype)
@@ -81,8 +82,9 @@ def test_fused_attention_equals_fairseqs_own_path(kind, monkeypatch):
     fused, fused_grads = run(need_weights=False)
     assert calls, "the fused path was not taken"
     calls.clear()
-    reference, reference_grads = run(need_weights=True)  # fairseq's own path
+    reference, reference_grads = run(need_weights=True)  # the explicit path
     assert not calls
+    assert fused_grads[2].abs().sum() > 0  # Δb reached the projections
     torch.testing.assert_close(fused, reference, rtol=0, atol=1e-10)
     for a, b in zip(fused_grads, reference_grads):
         assert (a is None) == (b is None)
@@ -95,7 +97,7 @@ def test_position_bias_gradient_does_not_depend_on_threads():
     delta[rows] the backward (index_put, accumulate) added them in a thread-scheduled order, so two runs of the
     same training on a 2-thread CPU drifted apart (1e-4 in the weights after 3 toy epochs)."""
     gen = torch.Generator().manual_seed(0)
-    proj = floater.PositionBiasedLinear(64, 64)
+    proj = torch.nn.Linear(64, 64)
     x = torch.randn(40, 48, 64, generator=gen)  # (T, B, in): 40 * 48 * 64 elements, past torch's parallel grain
     delta0 = torch.randn(40, 64, generator=gen)
     rows = torch.randint(0, 40, (40, 48), generator=gen)  # every position shared by many tokens
@@ -104,11 +106,9 @@ def test_position_bias_gradient_does_not_depend_on_threads():
     def delta_grad(threads):
         torch.set_num_threads(threads)
         delta = delta0.clone().requires_grad_()
-        proj.position_binding = (delta, rows)
         try:
-            proj(x).backward(grad_out)
+            floater.biased_projection(proj, x, (delta, rows)).backward(grad_out)
         finally:
-            proj.position_binding = None
             torch.set_num_threads(1)
         return delta.grad
 

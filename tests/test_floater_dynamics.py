@@ -102,7 +102,7 @@ def test_half_precision_model_trains_and_decodes(dtype):
     out = model.train()(*batch())[0]
     assert out.dtype == dtype
     out.float().pow(2).mean().backward()
-    theta = model.encoder.floater_flow.dynamics.fc2.weight
+    theta = model.encoder.position_scheme.flow.dynamics.fc2.weight
     assert theta.grad.dtype == dtype and theta.grad.abs().sum() > 0
     with torch.no_grad():
         assert model.eval()(*batch())[0].dtype == dtype

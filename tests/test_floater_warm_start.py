@@ -139,7 +139,7 @@ def test_converted_checkpoint_is_a_new_floater_phase(converted):
         assert flow.dynamics.fc1.weight.abs().sum() > 0 and int(flow.num_updates) == 0
     # each block's q/k/v bias is its flow's initial value b(0)
     enc = model.encoder
-    assert torch.equal(enc.floater_projections[1].bias, source["encoder.layers.0.self_attn.k_proj.bias"])
+    assert torch.equal(enc.position_scheme.projections[1].bias, source["encoder.layers.0.self_attn.k_proj.bias"])
 
 
 def test_floater_options_and_arch(trained_transformer, tmp_path):
@@ -152,7 +152,7 @@ def test_floater_options_and_arch(trained_transformer, tmp_path):
     assert margs.arch == "floater_transformer" and margs.encoder_embed_dim == 64
     assert (margs.floater_dt, margs.floater_update_every, margs.floater_layers, margs.floater_adjoint) == \
         (0.01, 100, "input", True)
-    assert model.encoder.floater_flow.settings.update_every == 100 and len(model.encoder.floater_projections) == 3
+    assert model.encoder.position_scheme.flow.settings.update_every == 100 and len(model.encoder.position_scheme.projections) == 3
 
 
 def run_main(argv, capsys):

@@ -43,7 +43,8 @@ def make(family, seed=0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # the tables drawn at random, not left as initialised (padding rows too: only rows read)
         for name, p in model.named_parameters():
-            if "embed_positions" in name or "relative_" in name or "position_scheme" in name:  # T5: β redrawn
+            # T5: β redrawn; FLOATER's flows (randomize_flows) are not tables
+            if "embed_positions" in name or "relative_" in name or ("position_scheme" in name and family != "floater"):
                 p.normal_(generator=g)
     return model.eval(), args
 
@@ -77,9 +78,9 @@ def test_floater_biases_are_b0_plus_the_flows_own_solve(checkpoints):
     loaded = pp.load_model(str(paths["floater"]))
     flows = pp.floater_biases(loaded, N)
     original = models["floater"]
-    parts = {"encoder": (original.encoder.floater_flow, original.encoder.floater_projections),
-             "decoder": (original.decoder.floater_flow, original.decoder.floater_projections),
-             "cross": (original.decoder.floater_cross_flow, original.decoder.floater_cross_projections)}
+    parts = {"encoder": (original.encoder.position_scheme.flow, original.encoder.position_scheme.projections),
+             "decoder": (original.decoder.position_scheme.flow, original.decoder.position_scheme.projections),
+             "cross": (original.decoder.position_scheme.cross_flow, original.decoder.position_scheme.cross_projections)}
     assert [f["flow"] for f in flows] == ["encoder", "decoder", "cross"]
     for flow in flows:
         module, projections = parts[flow["flow"]]
@@ -329,7 +330,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(checkpoints
 def test_floater_biases_that_overflow_are_one_line_before_any_figure(tmp_path, capsys):
     model, args = make("floater")
     with torch.no_grad():
-        model.encoder.floater_flow.dynamics.fc2.bias.fill_(1e38)  # Δb leaves float32 within a few positions
+        model.encoder.position_scheme.flow.dynamics.fc2.bias.fill_(1e38)  # Δb leaves float32 within a few positions
     path = save(model, args, tmp_path / "overflow.pt")
     with pytest.raises(SystemExit) as stop:
         pp.main([str(path), "--out", str(tmp_path / "figures"), "--positions", "64"])

@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_leaves
 
 from conftest import BIN, REPO, run
 from helpers.precision_harness import build_trainer
+from helpers.floater_helpers import randomize_flows
 from helpers.small_task import small_data
 from helpers import tiny_models
 from test_fire import fire_bias_naive, randomised
@@ -37,12 +38,13 @@ from helpers.tiny_models import EOS, PAD, TASK, VOCAB, fixed_batch, one_thread  
 from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
 from fairseq_plugins.modules.cape import CapePositionalEmbedding
 from fairseq_plugins.modules.fire import FIRE
+from fairseq_plugins.modules.floater import Floater
 from fairseq_plugins.flags import FlagError
 from fairseq_plugins.models.position_transformer import PositionTransformerModel, add_position_args
 from fairseq_plugins.modules.kerple import KerpleLog
 from fairseq_plugins.modules.position_scheme import PositionScheme
 from fairseq_plugins.schemes import FAMILY_SCHEMES, KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
-    architectures
+    architectures, by_model
 from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
 from fairseq_plugins.modules.randomized_positions import RandomizedPositionalEmbedding
 from fairseq_plugins.modules.rope import RoPE
@@ -79,11 +81,15 @@ def t5_bucket_naive(relative, bidirectional, num_buckets=32, max_distance=128):
     return bucket + min(large, num_buckets - 1)
 
 
-def naive_attention(attn, x, padding, causal, bias_fn=None, rotate_fn=None):
-    """out_i = Σ_j softmax_j(e_ij) v_j, e_ij = (R_i q_i)·(R_j k_j)/sqrt(d) + bias_h(i, j), loop by loop."""
+def naive_attention(attn, x, padding, causal, bias_fn=None, rotate_fn=None, delta_fn=None):
+    """out_i = Σ_j softmax_j(e_ij) v_j, e_ij = (R_i q_i)·(R_j k_j)/sqrt(d) + bias_h(i, j), loop by loop; with
+    delta_fn(projection, b, i), q_i = W_q x_i + b_q(0) + Δb_q(t_i) (likewise k, v)."""
     T, B, C = x.shape
     H, d = attn.num_heads, attn.head_dim
     q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    if delta_fn is not None:
+        q, k, v = ([[y[i, b] + delta_fn(j, b, i) for b in range(B)] for i in range(T)] for j, y in enumerate((q, k, v)))
+        q, k, v = (torch.stack([torch.stack(row) for row in y]) for y in (q, k, v))
     out = torch.zeros(T, B, C, dtype=x.dtype)
     rows = []
     for b in range(B):
@@ -117,6 +123,38 @@ def rope_naive(vec, m, base=10000.0):
     return out
 
 
+def floater_naive(dynamics, b0, num_positions, dt):
+    """b(t_i) = b(0) + ∫_0^{t_i} h(τ, b(τ)) dτ, t_i = i·Δ (FLOATER eq. 8, 12), h(τ, p) = W2 [relu(W1 [p; τ] + c1); τ] + c2,
+    by RK4 at Δ/5 (the paper's solver; torchdiffeq's rk4, which the authors called, is Kutta's 3/8 rule), one row
+    of b0 (k, d) at a time → (num_positions, k, d)."""
+    def h(t, p):
+        tau = torch.tensor([t], dtype=p.dtype)
+        return dynamics.fc2(torch.cat([torch.relu(dynamics.fc1(torch.cat([p, tau]))), tau]))
+
+    rows = []
+    for y in b0:
+        path, step = [y], dt / 5
+        for i in range(1, num_positions):
+            for n in range(5):
+                t = (i - 1) * dt + n * step
+                k1 = h(t, y)
+                k2 = h(t + step / 3, y + step * k1 / 3)
+                k3 = h(t + 2 * step / 3, y + step * (k2 - k1 / 3))
+                k4 = h(t + step, y + step * (k1 - k2 + k3))
+                y = y + step * (k1 + 3 * k2 + 3 * k3 + k4) / 8
+            path.append(y)
+        rows.append(torch.stack(path))
+    return torch.stack(rows, 1)
+
+
+def floater_case(H, d, causal):
+    cfg = argparse.Namespace(floater_layers="all", floater_hidden=None, no_cross_attention=True)
+    Floater.defaults(cfg)
+    scheme = Floater(cfg, H * d, decoder=causal)
+    randomize_flows(scheme)  # a non-trivial h
+    return scheme
+
+
 def test_t5_buckets_are_the_papers():
     for bidirectional in (True, False):
         relative = torch.arange(-300, 301)
@@ -138,6 +176,7 @@ SCHEME_CASES = {
     "kerple": lambda H, d, causal: KerpleLog(H),
     "fire": lambda H, d, causal: randomised(FIRE(H, causal, threshold=3.0)),  # L = 3.9: i on both sides of it
     "rope": lambda H, d, causal: RoPE(d),
+    "floater": floater_case,
 }
 
 
@@ -157,8 +196,14 @@ def test_attention_equals_the_papers_equation(name, causal):
     else:
         padding[1, :2] = True  # left padding, as fairseq's sources
     mask = torch.triu(torch.full((T, T), float("-inf"), dtype=torch.float64), 1) if causal else None
-    out, _ = attn(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=False)
-    bias_fn = rotate_fn = None
+    stack, tokens = argparse.Namespace(padding_idx=PAD), torch.where(padding, PAD, EOS + 3)  # what prepare reads
+
+    def forward(need_weights):
+        with scheme.batch(T), scheme.prepare(stack, tokens):
+            return attn(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=need_weights)
+
+    out, _ = forward(need_weights=False)
+    bias_fn = rotate_fn = delta_fn = None
     if name == "t5":
         bias_fn = lambda h, i, j: scheme.bias.weight[t5_bucket_naive(j - i, not causal, 8, 6), h]  # noqa: E731
     elif name == "alibi":
@@ -169,9 +214,14 @@ def test_attention_equals_the_papers_equation(name, causal):
         bias_fn = lambda h, i, j: -r1[h] * torch.log(1 + r2[h] * abs(i - j))  # noqa: E731
     elif name == "fire":  # f_θ(ψ(i − j) / ψ(max(L, i))) (the encoder: |i − j|, max(L, max(i, j)))
         bias_fn = lambda h, i, j: fire_bias_naive(scheme, h, i, j)  # noqa: E731
+    elif name == "floater":  # Δb(t_i) at each token's rank among its sentence's real tokens
+        b0 = torch.stack([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        delta = floater_naive(scheme.flow.dynamics, b0, T, scheme.flow.settings.dt) - b0
+        rank = (~padding).long().cumsum(1) - 1
+        delta_fn = lambda j, b, i: delta[max(int(rank[b, i]), 0), j]  # noqa: E731
     else:
         rotate_fn = rope_naive
-    want = naive_attention(attn, x, padding, causal, bias_fn, rotate_fn)
+    want = naive_attention(attn, x, padding, causal, bias_fn, rotate_fn, delta_fn)
     keep = ~padding.t()[:, :, None]  # padded query rows: both give some mixture; only real rows matter
     torch.testing.assert_close(out * keep, want * keep, rtol=1e-10, atol=1e-10)
     params = [x] + list(attn.parameters()) + list(scheme.parameters())
@@ -182,7 +232,7 @@ def test_attention_equals_the_papers_equation(name, causal):
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
     # the explicit path (attention weights asked for) gives the same output
-    again, weights = attn(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=True)
+    again, weights = forward(need_weights=True)
     torch.testing.assert_close(again * keep, out * keep, rtol=1e-10, atol=1e-12)
     assert weights.shape == (B, T, T)
 
@@ -264,7 +314,8 @@ def small(tmp_path_factory):
     return small_data(tmp_path_factory)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+# tests/test_hub.py translates the trained demo models (Shaw's, FLOATER's) the same way
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in {by_model(m).arch("tiny") for m in ("relative", "floater")}])
 def test_hub_translate_equals_generate(small, tmp_path, arch):
     """As tests/test_hub.py for the other archs: the checkpoint loads through fairseq's hub interface and
     translates exactly as scripts/generate.sh (fairseq-generate) does. The checkpoint is fairseq's Trainer's after
@@ -717,8 +768,8 @@ def test_a_bad_flag_is_one_line_from_the_command_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "fairseq-train: error: argument --encoder-position-scheme: invalid choice: 'nope' (choose from sinusoidal, "
-        "learned, every_layer, shape, cape, randomized, t5, alibi, kerple, fire, rope, shaw) (an encoder without positions "
-        "is permutation-invariant)"]
+        "learned, every_layer, shape, cape, randomized, t5, alibi, kerple, fire, rope, shaw, floater) (an encoder "
+        "without positions is permutation-invariant)"]
 
 
 def test_alibi_encoder_cannot_tell_a_source_from_its_mirror_image():
@@ -750,7 +801,10 @@ OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-
                 "--learned-pos": None, "--max-relative-positions": "3", "--relative-keys": ("--no-relative-keys",),
                 "--relative-values": ("--no-relative-values",), "--relative-per-head": ("--relative-shared-heads",),
                 "--relative-add-absolute-positions": None,  # None: a switch, given alone; a tuple: given so
-                "--cross-prior-ratio": "1.5", "--cross-prior-slopes": "learned"}
+                "--cross-prior-ratio": "1.5", "--cross-prior-slopes": "learned",
+                "--floater-dt": "0.2", "--floater-method": "euler", "--floater-rtol": "0.001",
+                "--floater-atol": "1e-05", "--floater-adjoint": None, "--floater-hidden": "32",
+                "--floater-update-every": "2", "--floater-cuda-graph": None, "--floater-layers": "input"}
 OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]  # a prior's: tests/test_cross_prior.py
 
 

@@ -1,14 +1,16 @@
 """``position_transformer``: fairseq's Transformer with the position scheme of each stack picked by name from
 the table of schemes (``fairseq_plugins/schemes.py``: sinusoidal, learned, every-layer, SHAPE, CAPE, randomized,
-T5 bias, ALiBi, KERPLE, FIRE, RoPE, NoPE, Shaw's relative positions), each built through the one contract of
-``modules/position_scheme.py``.
+T5 bias, ALiBi, KERPLE, FIRE, RoPE, NoPE, Shaw's relative positions, FLOATER), each built through the one contract
+of ``modules/position_scheme.py``.
 
 - ``--position-scheme S`` sets both stacks; ``--encoder-position-scheme`` / ``--decoder-position-scheme``
   override one. NoPE is refused for the encoder (permutation-invariant without positions).
 - Each stack asks its scheme's class for its position embedding (``embed``, and ``every_block``: added to every
   block's input too) and for its module in self-attention (``build``): one module per stack, handed by the stack
   to the layers it builds, which share it through ``PositionalSelfAttention`` (their ``build_self_attention``
-  hook); None keeps fairseq's attention.
+  hook); None keeps fairseq's attention. A scheme that biases the projections (FLOATER) runs the decoder's
+  cross-attention projections too (``PositionalCrossAttention``), and its hooks around a forward (``batch``,
+  ``prepare``) give it the batch's lengths and tokens.
 - ``--cross-position-prior P`` (default none) adds a prior to the decoder's cross-attention, whatever the stacks'
   schemes (``alibi_sync``: ``modules/cross_prior.py``): one module per decoder (its class's ``build_cross``),
   shared by its layers through ``PositionalCrossAttention`` (their ``build_encoder_attention`` hook); without
@@ -16,8 +18,8 @@ T5 bias, ALiBi, KERPLE, FIRE, RoPE, NoPE, Shaw's relative positions), each built
 - Each scheme adds, fills in and checks its own flags (``add_args``, ``defaults``, ``validate``); a flag of a
   scheme that neither stack uses (or of a prior the model does not have) is refused in one line.
 
-Architectures: the row's arch prefix (``<scheme>_transformer``; every-layer's and Shaw's keep their names,
-``transformer_every_layer_pos`` and ``relative_transformer``) with fairseq's ``transformer`` dims, ``_wmt_en_de``
+Architectures: the row's arch prefix (``<scheme>_transformer``; every-layer's, Shaw's and FLOATER's keep their
+names, ``transformer_every_layer_pos``, ``relative_transformer`` and ``floater_transformer``) with fairseq's ``transformer`` dims, ``_wmt_en_de``
 (base), ``_vaswani_wmt_en_de_big``, ``_vaswani_wmt_en_fr_big`` and ``_tiny`` (tests), and the values the scheme
 pins per size (``size_defaults``: Shaw's paper settings), for each scheme of ``FAMILY_SCHEMES`` (a
 cross-attention prior's: sinusoidal stacks, or those of ``--position-scheme``, with the prior); any other
@@ -25,7 +27,7 @@ combination through the flags on ``position_transformer``.
 """
 
 import logging
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
@@ -160,13 +162,15 @@ class PositionalDecoderLayer(_positional(TransformerDecoderLayerBase)):
         super().__init__(cfg, *args, **kwargs)
 
     def build_encoder_attention(self, embed_dim, cfg):
-        prior = self.cross_prior
-        if prior is None:
+        prior, scheme = self.cross_prior, self.position_scheme
+        projector = scheme if scheme is not None and scheme.projects else None  # FLOATER's q, k, v biases
+        if prior is None and projector is None:
             return super().build_encoder_attention(embed_dim, cfg)
         # fairseq's constructor arguments (xformers' aside: the prior needs the one SDPA path)
         return PositionalCrossAttention(embed_dim, cfg.decoder.attention_heads, prior, kdim=cfg.encoder.embed_dim,
                                         vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
-                                        q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
+                                        q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
+                                        projector=projector)
 
 
 def _add_block_signal(layer, args):
@@ -210,6 +214,11 @@ def _bind(stack, signal):
             layer.position_signal = None
 
 
+def _prepared(module, stack, *args):
+    """The stack's scheme module's context for one forward of the stack (``prepare``); nothing without one."""
+    return module.prepare(stack, *args) if module is not None else nullcontext()
+
+
 def _check_table(embed_positions, tokens, padding_idx, side, flag):
     """A learned table has no row for positions past its length: say so instead of indexing out of range."""
     if not isinstance(embed_positions, LearnedPositionalEmbedding):
@@ -240,7 +249,8 @@ class PositionEncoder(TransformerEncoderBase):
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
         _check_table(self.embed_positions, src_tokens, self.padding_idx, "source", "--max-source-positions")
-        with _bind(self, lambda: self.embed_positions(src_tokens).transpose(0, 1)):  # (T, B, C): the embedding's
+        with _bind(self, lambda: self.embed_positions(src_tokens).transpose(0, 1)), \
+                _prepared(self.position_scheme, self, src_tokens):  # (T, B, C): the embedding's
             return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
 
 
@@ -272,9 +282,13 @@ class PositionDecoder(TransformerDecoderBase):
             positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
             return (positions[:, -1:] if incremental_state is not None else positions).transpose(0, 1)
 
-        with _bind(self, signal):
-            return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
-                                            full_context_alignment, alignment_layer, alignment_heads)
+        with _bind(self, signal), _prepared(self.position_scheme, self, prev_output_tokens, encoder_out,
+                                            incremental_state):
+            x, extra = super().extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                                full_context_alignment, alignment_layer, alignment_heads)
+        if incremental_state is not None and self.position_scheme is not None:
+            self.position_scheme.check_decoding_step(self, x, prev_output_tokens, encoder_out)
+        return x, extra
 
 
 @register_model("position_transformer")
@@ -283,6 +297,21 @@ class PositionTransformerModel(PluginTransformerModel):
 
     not_scriptable = "the position schemes are Python modules outside TorchScript"
     encoder_class, decoder_class = PositionEncoder, PositionDecoder
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        modules = self._scheme_modules()
+        if len(modules) == 2 and type(modules[0]) is type(modules[1]):
+            modules[0].join(modules[1])  # FLOATER: the stacks' flows solved together
+
+    def _scheme_modules(self):
+        return [m for m in (self.encoder.position_scheme, self.decoder.position_scheme) if m is not None]
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
+        with ExitStack() as batch:  # one model forward: its longest sequence (FLOATER: one solve, both stacks)
+            for module in self._scheme_modules():
+                batch.enter_context(module.batch(max(src_tokens.size(1), prev_output_tokens.size(1))))
+            return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
 
     @classmethod
     def add_family_args(cls, parser):

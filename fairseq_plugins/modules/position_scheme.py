@@ -3,6 +3,7 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
 
     x_i   = E[w_i]·sqrt(d) + embed(w)_i                                    (the stack, once per forward)
     x^(n) = block_{n−1}(x^(n−1)) + embed(w),  n ≥ 2, where every_block     (the stack, before each block)
+    q_i   = W_q x_i + b_q(0) + Δb_q(t_i), likewise k, v, where projects    (each attention's projections)
     q, k  = rotate(q, k, pos)                                              (each self-attention, before its cache)
     e_ij  = q_i·k_j / sqrt(d_z) + score_bias(i, j)_h + mask_ij,  out_i = Σ_j softmax_j(e_ij) v_j
     out   = attend(q, k, v, mask)           (instead of the line above, where the scheme owns the product: Shaw)
@@ -24,7 +25,7 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
 - ``attend(attention, q, k, v, mask, dropout_p, need_weights)`` (where ``owns_product``): the whole product of
   one self-attention, for a scheme that changes it (Shaw's e_ij = q_i·(k_j + a^K_ij), z_i = Σ_j α_ij (v_j + a^V_ij)):
   q (B, H, T, d) unscaled, k and v (B, H, S, d) after the cache, mask fairseq's masks as one additive mask
-  (``_additive_mask``) or, where the attention runs FlexAttention, a ``fused_attention.FlexMask``; dropout_p the
+  (``positional_attention.additive_mask``) or, where the attention runs FlexAttention, a ``fused_attention.FlexMask``; dropout_p the
   attention dropout to apply → (out (B, H, T, d), weights (B, H, T, S) or None). ``scores(attention, q, k)`` gives
   its e_ij before the masks, (B, H, T, S), for fairseq's ``before_softmax``. The attention splits the heads, keeps
   the cache, builds the masks, picks the dropout and projects the output, for every scheme alike.
@@ -33,6 +34,15 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
 - ``size_defaults`` (class attribute): per size of ``schemes.SIZES``, argument values the scheme's architectures
   pin where the command line leaves them (Shaw's paper: FFN 1024 in its base model, k = 8 and shared tables in
   its big one).
+- Projection biases (``projects``, FLOATER): ``attach(attention)``, at build, by every attention built with the
+  module (a stack's self-attentions and, in the decoder, its cross-attentions, block by block): its projections;
+  ``join(other)``, at build, with the other stack's module of the same class (FLOATER's flows solved together);
+  ``batch(n)``, a context around one model forward whose longest sequence has n tokens (one solve for both
+  stacks); ``prepare(stack, tokens, encoder_out, incremental_state)``, a context around one forward of the stack
+  (the biases for its tokens' positions); ``project(attention, name, x)``: the attention's projection ``name``
+  (q_proj, k_proj, v_proj) of x (T, B, C) with its bias; ``check_decoding_step(stack, features, tokens,
+  encoder_out)`` after each step of incremental decoding (one line for non-finite features). The defaults do
+  nothing (``project``: the projection alone).
 - ``build_cross(cfg, heads)`` (class hook, at build) and ``cross_bias(q_pos, k_pos, src_lengths, dtype)``: a prior
   in the decoder's cross-attention (``--cross-position-prior``, whatever the stacks' schemes): the module, one
   per decoder and shared by its layers, or None (cross-attention stays fairseq's: source and target positions
@@ -47,9 +57,11 @@ other than the default is refused.
 Mapping to code: ``PositionScheme`` is that contract; ``Sinusoidal``, ``Learned`` and ``NoPE`` are fairseq's two
 embeddings and no position at all, which need none of the hooks' maths; every other scheme is one module of
 this package (``t5_bias``, ``alibi``, ``kerple``, ``fire``, ``rope``, ``shape_positions``, ``cape``,
-``randomized_positions``, ``every_layer``, ``relative_attention``; ``cross_prior`` in cross-attention).
+``randomized_positions``, ``every_layer``, ``relative_attention``, ``floater``; ``cross_prior`` in
+cross-attention).
 """
 
+from contextlib import nullcontext
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -129,6 +141,28 @@ class PositionScheme(nn.Module):
 
     def layer_parameters(self) -> Dict[str, Optional[nn.Parameter]]:
         return {}
+
+    # -- projection biases (FLOATER) ------------------------------------------------------------------------
+
+    projects = False  # whether project adds position-dependent biases to q, k and v
+
+    def attach(self, attention):
+        pass
+
+    def join(self, other: "PositionScheme"):
+        pass
+
+    def batch(self, num_positions: int):
+        return nullcontext()
+
+    def prepare(self, stack, tokens: Tensor, encoder_out=None, incremental_state=None):
+        return nullcontext()
+
+    def project(self, attention, name: str, x: Tensor) -> Tensor:
+        return getattr(attention, name)(x)
+
+    def check_decoding_step(self, stack, features: Tensor, tokens: Tensor, encoder_out) -> None:
+        pass
 
     # -- inside the decoder's cross-attention (a cross-attention prior) ---------------------------------------
 

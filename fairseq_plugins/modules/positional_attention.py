@@ -1,10 +1,12 @@
-"""Attention with a position scheme's hooks (``position_scheme.py``): in self-attention, always in this order, a
-rotation of q and k (RoPE), then a logit bias (T5, ALiBi, KERPLE, FIRE); in the decoder's cross-attention, a
-prior's logit bias (``cross_prior.py``).
+"""Attention with a position scheme's hooks (``position_scheme.py``): in self-attention, always in this order,
+position biases of the q/k/v projections (FLOATER), a rotation of q and k (RoPE), then a logit bias (T5, ALiBi,
+KERPLE, FIRE); in the decoder's cross-attention, the decoder's projection biases and a prior's logit bias
+(``cross_prior.py``).
 
-    e_ij = (R_i q_i)·(R_j k_j) / sqrt(d_z) + bias_h(i, j) + mask_ij,   out_i = Σ_j softmax_j(e_ij) v_j
+    q_i = W_q x_i + b_q(t_i)  (likewise k_j, v_j),   e_ij = (R_i q_i)·(R_j k_j) / sqrt(d_z) + bias_h(i, j) + mask_ij,
+    out_i = Σ_j softmax_j(e_ij) v_j
 
-with R = identity and bias = 0 where the scheme leaves the hook out (each scheme's module gives its maths).
+with b(t) = b(0), R = identity and bias = 0 where the scheme leaves the hook out (each scheme's module gives its maths).
 In self-attention, positions are token indices in the padded sequence (0..T−1; during incremental decoding the
 step's index, from the cached keys' length): only differences i − j enter, so fairseq's left-padded sources give
 each sentence the same logits as alone. In cross-attention, i is the decoder position (while decoding step by
@@ -13,8 +15,9 @@ tokens, with the sentence's real length S: both count real tokens only, so paddi
 
 Mapping to code: ``PositionalAttention`` is fairseq's ``MultiheadAttention`` (same parameters, names and
 incremental-state layout, so fairseq's beam reordering works unchanged) with one forward: it projects q, k, v
-(``PositionalSelfAttention``: from the query, ``scheme.rotate(q, k, positions)`` before caching k;
-``PositionalCrossAttention``: from the encoder's states, cached at the first decoding step), then calls
+(through the stack scheme's ``project`` where it ``projects``; ``PositionalSelfAttention``: from the query,
+``scheme.rotate(q, k, positions)`` before caching k; ``PositionalCrossAttention``: from the encoder's states,
+cached at the first decoding step), then calls
 torch's fused ``scaled_dot_product_attention`` (``fused_attention.biased_sdpa``) with the bias added to
 fairseq's masks as one float mask ((H, T, S), or (B, H, T, S) with padding or a per-sentence prior); the explicit
 softmax path runs only when the attention weights are asked for. ``attention_backend="flex"``
@@ -34,8 +37,8 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from .floater.attention import _additive_mask
 from .fused_attention import bias_score_mod, biased_sdpa, check_backend, flex, flex_mask
+from .position_scheme import PositionScheme
 
 STEP = "prior_step"  # the cross-attention's incremental state: the next decoder position, (B,) long
 
@@ -44,12 +47,22 @@ class PositionalAttention(MultiheadAttention):
     """The one forward; a subclass gives q, k, v with their positions (``_project``) and the bias (``_bias``)."""
 
     def __init__(self, embed_dim: int, num_heads: int, scheme, dropout: float = 0.0, q_noise: float = 0.0,
-                 qn_block_size: int = 8, attention_backend: str = "sdpa", **kwargs):
+                 qn_block_size: int = 8, attention_backend: str = "sdpa", projector=None, **kwargs):
         super().__init__(embed_dim, num_heads, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
                          **kwargs)
         check_backend(attention_backend, dropout)
         object.__setattr__(self, "scheme", scheme)  # the stack's: not a submodule of every layer
+        # the stack's scheme where it biases the projections (FLOATER), which it then runs (``_proj``)
+        projector = projector if projector is not None and projector.projects else None
+        object.__setattr__(self, "projector", projector)
+        if projector is not None:
+            projector.attach(self)
         self.attention_backend = attention_backend
+
+    def _proj(self, name: str, x: Tensor) -> Tensor:  # (T, B, C) → (T, B, C)
+        if self.projector is None:
+            return getattr(self, name)(x)
+        return self.projector.project(self, name, x)
 
     def _split(self, x: Tensor, bsz: int) -> Tensor:  # (T, B, C) → (B, H, T, d)
         return x.view(x.size(0), bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
@@ -60,7 +73,7 @@ class PositionalAttention(MultiheadAttention):
                 need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         tgt_len, bsz, embed_dim = query.size()
         saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
-        q = self._split(self.q_proj(query), bsz)
+        q = self._split(self._proj("q_proj", query), bsz)
         # (B, H, T, d), (B, H, S, d) ×2, (T,) query positions; the incremental state updated in `saved`
         q, k, v, key_padding_mask, positions = self._project(q, query, key, key_padding_mask, saved, static_kv)
         if saved is not None:
@@ -71,7 +84,7 @@ class PositionalAttention(MultiheadAttention):
         flex_ok = (self.attention_backend == "flex" and not self.encoder_decoder_attention and saved is None
                    and not (weighted or before_softmax) and (attn_mask is None or attn_mask.dim() == 2))
         mask = (flex_mask(attn_mask, key_padding_mask) if flex_ok
-                else _additive_mask(attn_mask, key_padding_mask, bsz, self.num_heads, tgt_len, src_len, q.dtype))
+                else additive_mask(attn_mask, key_padding_mask, bsz, self.num_heads, tgt_len, src_len, q.dtype))
         exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
         weights = None
         if scheme.owns_product:  # the scheme's own product (Shaw); heads, cache, masks, dropout, projection: here
@@ -114,13 +127,13 @@ class PositionalSelfAttention(PositionalAttention):
     def __init__(self, embed_dim: int, num_heads: int, scheme, dropout: float = 0.0, q_noise: float = 0.0,
                  qn_block_size: int = 8, attention_backend: str = "sdpa"):
         super().__init__(embed_dim, num_heads, scheme, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
-                         attention_backend=attention_backend, self_attention=True)
+                         attention_backend=attention_backend, projector=scheme, self_attention=True)
         for name, parameter in scheme.layer_parameters().items():  # this layer's own (Shaw's tables)
             self.register_parameter(name, parameter)
 
     def _project(self, q, query, key, key_padding_mask, saved, static_kv):
         bsz, tgt_len = q.size(0), q.size(2)
-        k, v = self._split(self.k_proj(query), bsz), self._split(self.v_proj(query), bsz)
+        k, v = self._split(self._proj("k_proj", query), bsz), self._split(self._proj("v_proj", query), bsz)
         start = saved["prev_key"].size(2) if saved is not None and "prev_key" in saved else 0
         positions = torch.arange(start, start + tgt_len, device=query.device)
         q, k = self.scheme.rotate(q, k, positions)  # (B, H, T, d) each
@@ -139,14 +152,16 @@ class PositionalSelfAttention(PositionalAttention):
 
 
 class PositionalCrossAttention(PositionalAttention):
-    """The decoder's cross-attention with a prior (``scheme.cross_bias``): fairseq's encoder-decoder attention,
+    """The decoder's cross-attention with a prior (``scheme.cross_bias``) or the decoder scheme's projection biases
+    (``projector``), or both: fairseq's encoder-decoder attention,
     its parameters (kdim, vdim) and its incremental state (the encoder's keys and values, projected at the first
     step, and their padding mask), plus the step counter ``prior_step`` that gives the query's position."""
 
     def __init__(self, embed_dim: int, num_heads: int, prior, kdim: int, vdim: int, dropout: float = 0.0,
-                 q_noise: float = 0.0, qn_block_size: int = 8):
+                 q_noise: float = 0.0, qn_block_size: int = 8, projector=None):
+        prior = prior if prior is not None else PositionScheme()  # no prior: no logit bias (projection biases)
         super().__init__(embed_dim, num_heads, prior, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
-                         kdim=kdim, vdim=vdim, encoder_decoder_attention=True)
+                         projector=projector, kdim=kdim, vdim=vdim, encoder_decoder_attention=True)
 
     def set_beam_size(self, beam_size):
         """fairseq's beamable cross-attention (beam_size > 1) keeps one copy of the encoder states per sentence;
@@ -163,7 +178,7 @@ class PositionalCrossAttention(PositionalAttention):
                                              saved[STEP])
         else:
             # as fairseq: keys and values are both projections of the encoder states
-            k, v = self._split(self.k_proj(key), bsz), self._split(self.v_proj(key), bsz)
+            k, v = self._split(self._proj("k_proj", key), bsz), self._split(self._proj("v_proj", key), bsz)
             start = torch.zeros(bsz, dtype=torch.long, device=query.device)
         positions = start[:1] + torch.arange(tgt_len, device=query.device)  # every hypothesis is at the same step
         if saved is not None:
@@ -180,3 +195,22 @@ class PositionalCrossAttention(PositionalAttention):
             k_pos = real.long().cumsum(1) - 1  # each key's rank among its sentence's real tokens (pads: masked)
             src_lengths = real.sum(1)
         return self.scheme.cross_bias(positions, k_pos, src_lengths, dtype)  # (B|1, H, T, S)
+
+
+def additive_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], bsz: int, heads: int,
+                  tgt_len: int, src_len: int, dtype: torch.dtype) -> Optional[Tensor]:
+    """fairseq's two masks as one additive mask broadcastable to (B, H, T, S): attn_mask (T, S) or (B·H, T, S),
+    added (or −inf where True, if bool); key_padding_mask (B, S), −inf where True (non-zero)."""
+    mask = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros(attn_mask.shape, dtype=dtype, device=attn_mask.device).masked_fill_(
+                attn_mask, float("-inf"))
+        mask = attn_mask.to(dtype)
+        if mask.dim() == 3:
+            mask = mask.view(bsz, heads, tgt_len, src_len)
+    if key_padding_mask is not None:
+        padding = torch.zeros(bsz, 1, 1, src_len, dtype=dtype, device=key_padding_mask.device).masked_fill_(
+            key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
+        mask = padding if mask is None else padding + mask
+    return mask

@@ -362,12 +362,12 @@ def count_ops(args):
             log(f"ops {name:>12} T={T:<4} update: {counter.ops} operators, syncs {dict(counter.syncs)}")
             if name != "floater":
                 continue
-            flows = model.floater_positions.flows
-            rows = [len(projections) for _, projections in model.floater_positions.members]
+            flows = model.encoder.position_scheme.positions.flows
+            rows = [len(projections) for _, projections in model.encoder.position_scheme.positions.members]
             steps = STEPS_PER_DT * (T - 1)
 
             def solve():
-                initial = model.floater_positions.initial_values()
+                initial = model.encoder.position_scheme.positions.initial_values()
                 return solve_flows(flows, initial, T)
 
             with op_counter() as forward:

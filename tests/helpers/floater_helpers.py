@@ -77,9 +77,9 @@ def train_updates(model, n_updates, seed=0):
     """fairseq's loop in miniature: forward, backward, step, set_num_updates. Yields per-update facts."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     model.train()
-    enc_flow = model.encoder.floater_flow
+    enc_flow = model.encoder.position_scheme.flow
     theta = list(enc_flow.dynamics.parameters())
-    b0 = model.encoder.floater_projections[0].bias
+    b0 = model.encoder.position_scheme.projections[0].bias
     for k in range(n_updates):
         opt.zero_grad(set_to_none=True)
         solves_before = enc_flow.num_solves

@@ -12,19 +12,16 @@ added to block n's q/k/v projections at position i, so h ≡ 0 with b(0) = 0 is 
   ``FloaterSettings`` (the solver settings' one owner and one default), torchdiffeq's solve of h;
 - ``rk4.py``         the default solve: RK4 at Δ/5 in latent coordinates with its hand-written backward;
 - ``cuda_graph.py``  that solve replayed from CUDA graphs (opt-in, ``--floater-cuda-graph``);
-- ``attention.py``   the position-biased q/k/v projections and attention;
-- ``flows.py``       the flows, their solve and caches, and the binding of their output to a fairseq
-  encoder/decoder; the fairseq model (``fairseq_plugins/models/floater_transformer.py``) only registers and
-  wires them.
+- ``attention.py``   the position-biased q/k/v projections;
+- ``flows.py``       the flows, their solve and caches;
+- ``scheme.py``      ``Floater``, the row of ``position_transformer`` (``fairseq_plugins/schemes.py``): its flags,
+  and the binding of the flows' output to a stack's attention projections through the contract's hooks.
 
 This file is the package's public interface: the model, the scripts and the tests import from here.
 """
 
 from .attention import (  # noqa: F401
-    PositionBiasedLinear,
-    PositionBiasedMultiheadAttention,
-    bind,
-    enable_position_biases,
+    biased_projection,
     position_bindings,
     rows_from_padding_mask,
     step_bindings,
@@ -45,11 +42,8 @@ from .flows import (  # noqa: F401
     MIN_CACHE,
     FloaterFlow,
     FloaterPositions,
-    bind_decoder_biases,
-    bind_encoder_biases,
-    check_decoding_step,
-    decoder_bindings,
     describe_overflow,
     solve_checked,
     solve_flows,
 )
+from .scheme import Floater  # noqa: F401

@@ -2,8 +2,8 @@
 
 Liu, Yu, Dhillon, Hsieh, "Learning to Encode Position for Transformer with Continuous Dynamical Model",
 ICML 2020 (arXiv 2003.09229). The flows and their caches are in ``flows.py``, the default solve (RK4 in
-latent coordinates, hand-written backward) in ``rk4.py``, the position-biased attention in
-``attention.py``; the fairseq model in ``fairseq_plugins/models/floater_transformer.py``.
+latent coordinates, hand-written backward) in ``rk4.py``, the position-biased projections in
+``attention.py``; the scheme of ``position_transformer`` in ``scheme.py``.
 
 The model
 ---------

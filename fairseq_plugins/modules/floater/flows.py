@@ -1,8 +1,7 @@
-"""FLOATER's flows: one solve for all of a model's flows per forward, its caches, and the decoder's bias table.
+"""FLOATER's flows: one solve for all of a model's flows per forward, and its caches.
 
-The flows, their solve and caches, and the binding of their output to the projections of a fairseq
-encoder/decoder (``bind_encoder_biases``, ``bind_decoder_biases``); the package docstring
-(``__init__.py``) says which file holds the rest.
+The flows, their solve and caches; what a stack's projections add is bound in ``scheme.py``, and the package
+docstring (``__init__.py``) says which file holds the rest.
 
 The solve
 ---------
@@ -77,7 +76,6 @@ at Δ/5, the adjoint method and a bias cache refreshed every 400 forwards.
 """
 
 import copy
-import functools
 from contextlib import contextmanager
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
@@ -85,7 +83,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import Bindings, bind, position_bindings, rows_from_padding_mask, step_bindings, token_rows
 from .dynamics import (
     DEFAULT_SETTINGS,
     FloaterDynamics,
@@ -331,7 +328,7 @@ class FloaterPositions:
         lead = self.members[0][0] if self.members else flow
         if (flow.settings, flow.latent) != (lead.settings, lead.latent):
             raise ValueError("flows solved together must share their solver settings")
-        self.members.append((flow, list(projections)))
+        self.members.append((flow, projections))  # the caller's list: a scheme attaches its projections later
         self._eval_cache = None
 
     @classmethod
@@ -479,96 +476,6 @@ class FloaterPositions:
 def _cache_size(n: int) -> int:
     """The next power of two ≥ n (at least MIN_CACHE): decoding a long output extends the cache log(n) times."""
     return max(MIN_CACHE, 1 << (n - 1).bit_length())
-
-
-# -- a fairseq encoder's and decoder's biases ------------------------------------------------------------
-# The modules carry ``floater_positions`` (the model's FloaterPositions), ``floater_flow`` and
-# ``floater_projections`` (the decoder also ``floater_cross_flow``/``floater_cross_projections``, source-indexed).
-
-
-@contextmanager
-def bind_encoder_biases(encoder, src_tokens: Tensor):
-    """The encoder's projections biased by its flow for one forward over src_tokens (B, S)."""
-    src_len = src_tokens.size(1)
-    with encoder.floater_positions.forward_pass(src_len) as positions:
-        delta = positions.biases(encoder.floater_flow, src_len)
-        with bind(position_bindings(encoder.floater_projections, delta, token_rows(src_tokens, encoder.padding_idx))):
-            yield
-
-
-def bind_decoder_biases(decoder, prev_output_tokens: Tensor, encoder_out, incremental_state):
-    """The decoder's projections biased for one forward (or one incremental decoding step): all its biases
-    gathered in one call (``decoder_bindings``), bound in one context."""
-    return bind(decoder_bindings(decoder, prev_output_tokens, encoder_out, incremental_state))
-
-
-def decoder_bindings(decoder, prev_output_tokens: Tensor, encoder_out, incremental_state) -> Bindings:
-    """What each decoder projection adds in one forward: the target flow's projections at each target token's
-    row, the source flow's (cross-attention k, v) at each source position's row, Δb of both flows from one
-    request to the model's FloaterPositions (one solve, or none). An incremental decoding step takes both
-    from the table in the incremental state (``_step_biases``): its token sits at row tgt_len − 1 and adds
-    that row's whole bias."""
-    tgt_len = prev_output_tokens.size(1)
-    cross = (decoder.floater_cross_flow is not None and encoder_out is not None
-             and len(encoder_out["encoder_out"]) > 0)
-    src_len = encoder_out["encoder_out"][0].size(0) if cross else 0
-    if incremental_state is not None:
-        saved = _step_biases(decoder, incremental_state, tgt_len, src_len)
-        bindings = step_bindings(decoder.floater_projections, saved["biases"][tgt_len - 1])
-        src_delta = saved.get("cross_delta")
-    else:
-        with decoder.floater_positions.forward_pass(max(tgt_len, src_len)) as positions:
-            delta = positions.biases(decoder.floater_flow, tgt_len)
-            src_delta = positions.biases(decoder.floater_cross_flow, src_len) if cross else None
-        bindings = position_bindings(decoder.floater_projections, delta,
-                                     token_rows(prev_output_tokens, decoder.padding_idx))
-    if cross:
-        if len(encoder_out["encoder_padding_mask"]) > 0:
-            # lazily: incremental decoding projects the encoder states on the first step only
-            mask = encoder_out["encoder_padding_mask"][0]
-            src_rows = functools.lru_cache(maxsize=None)(lambda: rows_from_padding_mask(mask))
-        else:
-            src_rows = torch.arange(src_len, device=prev_output_tokens.device).unsqueeze(1)
-        bindings += position_bindings(decoder.floater_cross_projections, src_delta, src_rows)
-    return bindings
-
-
-def _step_biases(decoder, incremental_state, num_positions: int, src_len: int):
-    """For incremental decoding, kept in the incremental state: ``biases``, b(0) + Δb(t_i) of the target
-    flow's projections, (P, k, d) with P ≥ num_positions, and ``cross_delta``, the source flow's Δb for
-    the src_len source positions. Formed once per generation (the target table again each time a longer
-    output doubles it), so a step only picks its row. The parameters cannot change within one generation:
-    the cached keys and values of the earlier steps were computed from them too."""
-    saved = decoder.get_incremental_state(incremental_state, "floater")
-    if saved is None or saved["biases"].size(0) < num_positions:
-        rows = _cache_size(num_positions)
-        with decoder.floater_positions.forward_pass(max(rows, src_len)) as positions:  # one solve, or none
-            delta = positions.biases(decoder.floater_flow, rows)
-            b0 = torch.stack([proj.bias for proj in decoder.floater_projections])
-            saved = {"biases": (b0.to(delta.dtype) + delta).to(b0.dtype)}  # one rounding
-            if src_len:
-                saved["cross_delta"] = positions.biases(decoder.floater_cross_flow, src_len)
-        decoder.set_incremental_state(incremental_state, "floater", saved)
-    return saved
-
-
-def check_decoding_step(decoder, features: Tensor, prev_output_tokens: Tensor, encoder_out) -> None:
-    """Incremental decoding: non-finite decoder features stop the generation with ``FloaterSolverError``, one line
-    naming the source or target position from which the position biases can overflow the attention and the
-    flag that helps (else the beam search goes on with NaN scores and dies on one of fairseq's assertions).
-    One host sync per step, where the beam search makes several; training and validation are not checked."""
-    if bool(torch.isfinite(features).all()):
-        return
-    lengths = {"target": prev_output_tokens.size(1)}
-    if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
-        lengths["source"] = encoder_out["encoder_out"][0].size(0)
-    # every flow of the model (the encoder's too: the decoder shares its FloaterPositions), by the side it indexes
-    flows = [("target" if flow is decoder.floater_flow else "source", flow) for flow, _ in
-             decoder.floater_positions.members]
-    flows = [(side, flow, lengths[side]) for side, flow in flows if side in lengths]
-    with decoder.floater_positions.forward_pass(max(lengths.values())) as positions:
-        deltas = [(side, positions.biases(flow, n).detach()) for side, flow, n in flows]
-    raise FloaterSolverError(describe_overflow(deltas, lengths, features.dtype))
 
 
 def describe_overflow(deltas, lengths, dtype: torch.dtype) -> str:

@@ -108,7 +108,7 @@ def controls(_):
 
 
 def train_graphed(model):
-    assert model.encoder.floater_flow.settings.cuda_graph
+    assert model.encoder.position_scheme.flow.settings.cuda_graph
     train(model, updates=3)  # the first update captures, the next ones replay
 
 
