@@ -19,11 +19,11 @@ of ``modules/position_scheme.py``.
   scheme that neither stack uses (or of a prior the model does not have) is refused in one line.
 
 Architectures: the row's arch prefix (``<scheme>_transformer``; every-layer's, Shaw's and FLOATER's keep their
-names, ``transformer_every_layer_pos``, ``relative_transformer`` and ``floater_transformer``) with fairseq's ``transformer`` dims, ``_wmt_en_de``
-(base), ``_vaswani_wmt_en_de_big``, ``_vaswani_wmt_en_fr_big`` and ``_tiny`` (tests), and the values the scheme
-pins per size (``size_defaults``: Shaw's paper settings), for each scheme of ``FAMILY_SCHEMES`` (a
-cross-attention prior's: sinusoidal stacks, or those of ``--position-scheme``, with the prior); any other
-combination through the flags on ``position_transformer``.
+names, ``transformer_every_layer_pos``, ``relative_transformer`` and ``floater_transformer``) with fairseq's
+``transformer`` dims, ``_wmt_en_de`` (base), ``_vaswani_wmt_en_de_big``, ``_vaswani_wmt_en_fr_big`` and
+``_tiny`` (tests), and the values the scheme pins per size (``size_defaults``: Shaw's paper settings), for each
+scheme of ``FAMILY_SCHEMES`` (a cross-attention prior's: sinusoidal stacks, or those of ``--position-scheme``,
+with the prior); any other combination through the flags on ``position_transformer``.
 """
 
 import logging
@@ -163,14 +163,13 @@ class PositionalDecoderLayer(_positional(TransformerDecoderLayerBase)):
 
     def build_encoder_attention(self, embed_dim, cfg):
         prior, scheme = self.cross_prior, self.position_scheme
-        projector = scheme if scheme is not None and scheme.projects else None  # FLOATER's q, k, v biases
-        if prior is None and projector is None:
+        if prior is None and not (scheme is not None and scheme.projects):  # nothing positional (FLOATER: q, k, v)
             return super().build_encoder_attention(embed_dim, cfg)
         # fairseq's constructor arguments (xformers' aside: the prior needs the one SDPA path)
         return PositionalCrossAttention(embed_dim, cfg.decoder.attention_heads, prior, kdim=cfg.encoder.embed_dim,
                                         vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
                                         q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
-                                        projector=projector)
+                                        projector=scheme)
 
 
 def _add_block_signal(layer, args):
@@ -308,9 +307,10 @@ class PositionTransformerModel(PluginTransformerModel):
         return [m for m in (self.encoder.position_scheme, self.decoder.position_scheme) if m is not None]
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
+        longest = max(src_tokens.size(1), prev_output_tokens.size(1))
         with ExitStack() as batch:  # one model forward: its longest sequence (FLOATER: one solve, both stacks)
             for module in self._scheme_modules():
-                batch.enter_context(module.batch(max(src_tokens.size(1), prev_output_tokens.size(1))))
+                batch.enter_context(module.batch(longest))
             return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
 
     @classmethod

@@ -25,10 +25,11 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
 - ``attend(attention, q, k, v, mask, dropout_p, need_weights)`` (where ``owns_product``): the whole product of
   one self-attention, for a scheme that changes it (Shaw's e_ij = q_i·(k_j + a^K_ij), z_i = Σ_j α_ij (v_j + a^V_ij)):
   q (B, H, T, d) unscaled, k and v (B, H, S, d) after the cache, mask fairseq's masks as one additive mask
-  (``positional_attention.additive_mask``) or, where the attention runs FlexAttention, a ``fused_attention.FlexMask``; dropout_p the
-  attention dropout to apply → (out (B, H, T, d), weights (B, H, T, S) or None). ``scores(attention, q, k)`` gives
-  its e_ij before the masks, (B, H, T, S), for fairseq's ``before_softmax``. The attention splits the heads, keeps
-  the cache, builds the masks, picks the dropout and projects the output, for every scheme alike.
+  (``positional_attention.additive_mask``) or, where the attention runs FlexAttention, a
+  ``fused_attention.FlexMask``; dropout_p the attention dropout to apply → (out (B, H, T, d), weights
+  (B, H, T, S) or None). ``scores(attention, q, k)`` gives its e_ij before the masks, (B, H, T, S), for
+  fairseq's ``before_softmax``. The attention splits the heads, keeps the cache, builds the masks, picks the
+  dropout and projects the output, for every scheme alike.
 - ``layer_parameters()``: parameters that each self-attention of the stack owns, {name: Parameter or None}, kept
   under those names as the attention's own (Shaw's tables are one per layer, as in the paper); default none.
 - ``size_defaults`` (class attribute): per size of ``schemes.SIZES``, argument values the scheme's architectures

@@ -18,7 +18,6 @@ Mapping to code
 
 from typing import Dict, List
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
