@@ -10,6 +10,8 @@
       --ref data/.../raw/test.de --train-log RUN/train.log --out RUNS/transformer.seed1.json [--meta k=v ...]
   # every run JSON in RUNS -> table.md (+ summary.json); runs missing from MODELS x SEEDS mark it partial
   scripts/study.py table --runs RUNS --models "transformer relative" --seeds "1 2 3" --out OUT_DIR
+  # what the recipe runs after each run: the table of every finished run, probe_table.md, valid_loss.png
+  scripts/study.py tabulate --runs RUNS --models "rope" --seeds "1 2 3" --out OUT_DIR [table's options]
   # what the recipe tabulates: MODELS and SEEDS and every finished run in RUNS (two lines: models, seeds)
   scripts/study.py every-run --runs RUNS --models "rope" --seeds "1 2 3"
   # validation loss against updates, one line per run
@@ -18,6 +20,8 @@
   scripts/study.py retrain-note --recorded RUNS/transformer.seed1.json --test-json RUN/test.json --out F
 """
 import argparse
+import os
+from pathlib import Path
 
 from tooling import study
 
@@ -30,6 +34,27 @@ def every_run(args):
     models, seeds = study.every_run(args.runs, args.models.split(), args.seeds.split())
     print(" ".join(models))
     print(" ".join(map(str, seeds)))
+
+
+def tabulate(args):
+    """Every table and plot of a study folder in one process (the recipe calls it after each run): the claims
+    table of every finished run (every-run), the length probe's table, the results' paths made portable, the
+    validation curves."""
+    import glob
+
+    import length_probe
+    from tooling.paths import rewrite
+
+    models, seeds = study.every_run(args.runs, args.models.split(), args.seeds.split())
+    args.models, args.seeds = " ".join(models), " ".join(map(str, seeds))
+    study.table(args)
+    length_probe.table(argparse.Namespace(runs=args.runs, models=args.models, seeds=args.seeds,
+                                          out=os.path.join(args.out, "probe_table.md")))
+    for f in sorted(Path(args.out).rglob("*.json")):
+        rewrite(f)  # older code wrote absolute paths
+    if glob.glob(os.path.join(glob.escape(args.runs), "*.json")):
+        study.plot(argparse.Namespace(runs=args.runs, out=os.path.join(args.out, "valid_loss.png"),
+                                      title=args.plot_title))
 
 
 def plan(args):
@@ -64,6 +89,9 @@ def main():
                                                 "training runs' MAX_TRAIN_LEN)")
     t.add_argument("--split-note", help="what the longer sentences are to these runs, shown in their heading "
                                         "(e.g. 'longer than any training sentence')")
+    tb = sub.add_parser("tabulate", parents=[t], add_help=False,
+                        help="table (of every finished run in --runs), the probe's table, portable paths, the plot")
+    tb.add_argument("--plot-title", default="validation loss")
     n = sub.add_parser("retrain-note")
     n.add_argument("--recorded", required=True, help="the recorded run's JSON")
     n.add_argument("--test-json", required=True, help="scripts/generate.sh output of the run trained again")
@@ -90,7 +118,8 @@ def main():
     d.add_argument("--recipe", required=True, help="the recipe string every result records")
     args = ap.parse_args()
     {"run-result": study.run_result, "table": study.table, "plot": study.plot, "updates": study.updates,
-     "retrain-note": study.retrain_note, "every-run": every_run, "plan": plan, "decide": decide}[args.cmd](args)
+     "retrain-note": study.retrain_note, "every-run": every_run, "plan": plan, "decide": decide,
+     "tabulate": tabulate}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpu
     recorded = (runs / "transformer.seed1.json").read_text()
     shutil.rmtree(tmp_path / "ckpt")  # the new machine
 
-    out = study(corpus, tmp_path, MODELS="transformer transformer_ft", SEEDS="1", JOBS="1").stdout
+    # PROBE=0: the probe is test_multi30k_study.py's; here it would only cost a decoding per run
+    out = study(corpus, tmp_path, MODELS="transformer transformer_ft", SEEDS="1", JOBS="1", PROBE="0").stdout
     assert "its checkpoints are not here and its fine-tunes need them" in out
     ckpt = tmp_path / "ckpt" / "transformer.seed1"
     # single-threaded CPU training is deterministic: the same run, hypothesis for hypothesis
@@ -48,5 +49,5 @@ def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpu
         tmp_path / "results" / "table.md").read_text()
 
     # a rerun trains neither again
-    again = study(corpus, tmp_path, MODELS="transformer transformer_ft", SEEDS="1", JOBS="1").stdout
+    again = study(corpus, tmp_path, MODELS="transformer transformer_ft", SEEDS="1", JOBS="1", PROBE="0").stdout
     assert again.count(": skipped (done") == 2 and ": training " not in again

@@ -10,7 +10,7 @@ def test_any_scheme_of_the_table_runs_by_name(corpus, first_run, tmp_path):
     """MODELS takes every model name of the table of schemes (fairseq_plugins/schemes.py): its
     _tiny architecture with the table's flags, and a claim row against the Transformer."""
     start_from(first_run, tmp_path)  # the shared run of the transformer (seed 1): it is skipped here
-    study(corpus, tmp_path, MODELS="transformer rope learned", SEEDS="1")
+    study(corpus, tmp_path, MODELS="transformer rope learned", SEEDS="1", PROBE="0")  # the probe: test_multi30k_study
     runs = tmp_path / "results" / "runs"
     assert json.loads((runs / "rope.seed1.json").read_text())["arch"] == "rope_transformer_tiny"
     learned = tmp_path / "ckpt" / "learned.seed1" / "train.log"
@@ -31,7 +31,7 @@ def test_any_scheme_of_the_table_runs_by_name(corpus, first_run, tmp_path):
 
     # a run of one model into the shared directory (here: done, so skipped) tabulates every finished run, not
     # its MODELS alone; in one order whoever ran last (the recipe's models, then the table of schemes')
-    out = study(corpus, tmp_path, MODELS="rope", SEEDS="1").stdout
+    out = study(corpus, tmp_path, MODELS="rope", SEEDS="1", PROBE="0").stdout
     assert ": skipped (done" in out and ": training " not in out
     alone = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
     assert "PARTIAL" not in alone

@@ -13,7 +13,9 @@ def test_train_short_test_long_protocol(corpus, first_run, tmp_path):
     MAX_TRAIN_LEN); the study table reads only the run results (not the by-length files)."""
     start_from(first_run, tmp_path)  # study(corpus, tmp_path, MODELS="transformer", SEEDS="1", JOBS="1"), shared
     results = tmp_path / "results"
+    # PROBE=0: the probe of a train-short run is test_train_short_in_tokens's
     short = {"MODELS": "transformer", "SEEDS": "1", "JOBS": "1", "MAX_TRAIN_LEN": "10", "EDGES": "1,11,21",
+             "PROBE": "0",
              "DATA_DIR": str(tmp_path / "data10"), "CKPT_ROOT": str(tmp_path / "ckpt10"),
              "OUT_DIR": str(results / "len10")}
     out = study(corpus, tmp_path, **short).stdout

@@ -54,7 +54,7 @@ def test_rewrite_changes_only_paths(tmp_path):
 
 
 def test_command_rewrites_every_json_below(tmp_path):
-    """scripts/result_paths.py DIR, as the README and scripts/recipes/multi30k_study.sh call it."""
+    """scripts/result_paths.py DIR, as the README calls it (the study recipe rewrites in-process: study.py tabulate)."""
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "a.json").write_text(json.dumps({"ref": str(REPO / "data" / "a.de")}, indent=2) + "\n")
     (tmp_path / "b.json").write_text(json.dumps({"bleu": 1.0}, indent=2) + "\n")

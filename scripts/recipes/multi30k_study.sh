@@ -169,6 +169,17 @@ failed=0 phase= plan=
 # TABLES_ONLY=1: no run, only the tables and plots again from every finished run in OUT_DIR (and MODELS and SEEDS:
 # a model or seed asked for without a run is listed as missing)
 [ -n "${TABLES_ONLY:-}" ] || plan=$(python scripts/study.py plan --models "$MODELS" --seeds "$SEEDS")
+# the table's tiny architecture and flags of every model in the plan, asked once (each call imports torch)
+declare -A TABLE_ARCH=()
+if [ -n "$plan" ]; then
+  mapfile -t table_models < <(awk '$2 != "relative" && $2 != "floater_warm" && $2 != "transformer_ft" &&
+    !seen[$2]++ { print $2 }' <<< "$plan")
+  if (( ${#table_models[@]} )); then
+    mapfile -t lines < <(python -m fairseq_plugins arch "${table_models[@]}")
+    (( ${#lines[@]} == ${#table_models[@]} )) || die "python -m fairseq_plugins arch ${table_models[*]}: failed"
+    for i in "${!table_models[@]}"; do TABLE_ARCH[${table_models[$i]}]=${lines[$i]}; done
+  fi
+fi
 while read -r next m s; do
   [ -n "$next" ] || continue
   if [ "$next" != "$phase" ]; then
@@ -192,27 +203,24 @@ die() { echo "multi30k_study.sh: $*" >&2; exit 1; }
 # The tables from every finished run (after each run too, so that they are current while the study goes on).
 tabulate() {
   # every finished run in OUT/runs, not only MODELS and SEEDS: a run of a few models into a shared OUT_DIR must not
-  # rewrite its tables from those alone; PARTIAL counts what is missing from all of them
+  # rewrite its tables from those alone; PARTIAL counts what is missing from all of them. One process (study.py
+  # tabulate): the claims table, probe_table.md, portable paths, the validation curves
+  # train-short runs: the table again on the test sentences within and beyond the training lengths
+  local sentences split=() ft=
+  [ -z "$MAX_TRAIN_LEN" ] || split=(--split-src "$DATA/raw/test.$SRC" --split-at "$MAX_TRAIN_LEN")
+  sentences=$(awk 'END { print NR }' "$DATA/raw/test.$TGT")
+  ! compgen -G "$OUT/runs/floater_warm.seed*.json" > /dev/null && ! compgen -G "$OUT/runs/transformer_ft.seed*.json" \
+    > /dev/null || ft=" (fine-tunes: $FT_EPOCHS more)"
+  python scripts/study.py tabulate --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
+    --sentences "$sentences" --out "$OUT" \
+    --source-dependence "$OUT/source_dependence" "${split[@]}" \
+    ${split:+--split-note "longer than any training sentence"} --plot-title "Multi30k $SRC-$TGT, $EPOCHS epochs$ft, \
+warm-up $WARMUP${MAX_TRAIN_LEN:+, trained on <= $MAX_TRAIN_LEN words}: validation loss, one panel per model, one line \
+per seed" || return 1
+  [ -n "$MAX_TRAIN_LEN" ] || return 0
   local every models seeds
   every=$(python scripts/study.py every-run --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS") || return 1
   models=${every%%$'\n'*} seeds=${every#*$'\n'}
-  # train-short runs: the table again on the test sentences within and beyond the training lengths
-  local sentences split=()
-  [ -z "$MAX_TRAIN_LEN" ] || split=(--split-src "$DATA/raw/test.$SRC" --split-at "$MAX_TRAIN_LEN")
-  sentences=$(awk 'END { print NR }' "$DATA/raw/test.$TGT")
-  python scripts/study.py table --runs "$OUT/runs" --models "$models" --seeds "$seeds" --pair "$PAIR" \
-    --sentences "$sentences" --out "$OUT" \
-    --source-dependence "$OUT/source_dependence" "${split[@]}" ${split:+--split-note "longer than any training sentence"}
-  python scripts/length_probe.py table --runs "$OUT/runs" --models "$models" --seeds "$seeds" --out "$OUT/probe_table.md"
-  [ ! -d "$OUT" ] || python scripts/result_paths.py "$OUT" > /dev/null  # older code wrote absolute paths
-  if compgen -G "$OUT/runs/*.json" > /dev/null; then
-    local ft=
-    ! compgen -G "$OUT/runs/floater_warm.seed*.json" > /dev/null && ! compgen -G "$OUT/runs/transformer_ft.seed*.json" \
-      > /dev/null || ft=" (fine-tunes: $FT_EPOCHS more)"
-    python scripts/study.py plot --runs "$OUT/runs" --out "$OUT/valid_loss.png" --title "Multi30k $SRC-$TGT, $EPOCHS \
-epochs$ft, warm-up $WARMUP${MAX_TRAIN_LEN:+, trained on <= $MAX_TRAIN_LEN words}: validation loss, one panel per model, one line per seed"
-  fi
-  [ -n "$MAX_TRAIN_LEN" ] || return 0
   # BLEU by source length: every finished run, and the same model and seed trained on all lengths with this
   # recipe (ALL_LENGTHS_RUNS: the study's results without MAX_TRAIN_LEN), which saw the long buckets in training
   local all_lengths=${ALL_LENGTHS_RUNS:-$(dirname "$OUT")/runs} m s name other inputs=() compared=0 differ=0
@@ -315,7 +323,7 @@ run_one() {
       else
         arch=transformer_tiny extra=(--finetune-from-model "$source")
       fi ;;
-    *) read -r arch flags <<< "$(python -m fairseq_plugins arch "$model")"  # the table's tiny arch and flags
+    *) read -r arch flags <<< "${TABLE_ARCH[$model]}"  # the table's tiny arch and flags
        # shellcheck disable=SC2206
        extra=($flags)
        [ "$model" != shape ] || { shape_k=$SHAPE_K; extra+=(--shape-max-shift "$shape_k"); } ;;
