@@ -164,6 +164,7 @@ def test_train_rejects_checkpoint_of_another_arch(data, transformer_ckpt, tmp_pa
 # -- a sentence longer than a learned position table --------------------------------------------------------
 
 
+@pytest.mark.slow  # trains a checkpoint, then a fairseq-generate process
 def test_generate_refuses_sentence_longer_than_learned_positions(data, tmp_path_factory):
     """transformer_every_layer_pos --learned-pos has 16 source positions; the test split has longer sentences.
     fairseq-generate stops with fairseq's size error before translating anything: no sentence is truncated or
@@ -241,6 +242,7 @@ def rope_ckpt(tmp_path_factory):
     return tiny_checkpoint(tmp_path_factory, "rope_transformer_tiny")
 
 
+@pytest.mark.slow  # a fairseq-generate process
 def test_generate_without_user_dir_names_it(data, rope_ckpt):
     proc = run_split([str(BIN / "fairseq-generate"), str(data / "bin"), "--path", str(rope_ckpt), "--cpu",
                       "--beam", "2"])

@@ -70,6 +70,7 @@ def test_quick_benchmark_reports_every_model_and_length(tmp_path):
     assert md.endswith("\n## Analysis\n\nWhat dominates each unmet goal.\n")  # the notes close the report
 
 
+@pytest.mark.slow  # three bench.py processes (each imports torch and fairseq)
 def test_profile_lengths_must_be_measured(tmp_path):
     """A profile asked for at a length the run does not measure is one error line, before anything runs."""
     for argv, message in [(["--profile-decode", "64"], "--profile-decode 64: not one of --lengths 16,32"),

@@ -76,6 +76,7 @@ def test_an_output_that_stops_after_its_first_sentence_shows_in_the_sentence_rat
     assert length_probe.scores(["a b"], ["c d"])["hyp_ref_sentences"] is None  # references without sentence ends
 
 
+@pytest.mark.slow  # decodes the probe with fairseq-preprocess and scripts/generate.sh (processes)
 def test_score_a_finished_run(trained, tmp_path):
     data, checkpoint = trained
     out = tmp_path / "runs" / "transformer.seed1.probe.json"
@@ -125,6 +126,7 @@ def test_score_a_finished_run(trained, tmp_path):
     assert not list(tmp_path.rglob("*.tmp")) and not list((tmp_path / "runs").glob(".*"))
 
 
+@pytest.mark.slow  # the probe and generate.sh, each decoding in its own processes
 def test_the_decoding_is_generate_sh_s(trained, tmp_path):
     """The k = 1 probes are test sentences: their hypotheses are what scripts/generate.sh gives on test."""
     data, checkpoint = trained

@@ -217,6 +217,7 @@ def test_rope_curve_is_the_vocabulary_mean_of_one_words_rotated_logit(checkpoint
     assert float(alone[shift.index(0)]) == pytest.approx(1.0) and float(alone[shift.index(N - 1)]) < 0.9
 
 
+@pytest.mark.slow  # the script as a process, every figure
 def test_one_command_writes_every_figure_as_png(checkpoints, tmp_path):
     _, paths = checkpoints
     families = ["floater", "sinusoidal", "learned", "relative", "t5", "rope"]

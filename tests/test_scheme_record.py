@@ -51,6 +51,7 @@ def test_train_refuses_a_checkpoint_of_another_scheme(data, rope_ckpt, tmp_path,
     assert not save.exists() or not list(save.glob("*.pt"))
 
 
+@pytest.mark.slow  # a fairseq-train process
 def test_train_loads_another_scheme_when_told_to(data, rope_ckpt, tmp_path):
     from fairseq_plugins.models._base import decode_record
 

@@ -26,6 +26,7 @@ def pairs(cases):
     return [next((m, mode) for m in MODELS for mode in MODES if case == f"{m}-{mode}") for case in cases]
 
 
+@pytest.mark.slow  # collects the whole suite twice
 def test_the_fast_tier_runs_every_model_and_every_mode_once():
     fast = pairs(collected("-m", "not slow"))
     assert len(fast) == max(len(MODELS), len(MODES))
@@ -81,6 +82,7 @@ def test_the_tier_clock_fails_a_fast_test_over_the_bound_and_lists_it(tmp_path):
     assert "3 passed" in proc.stdout
 
 
+@pytest.mark.slow  # three pytest processes
 def test_the_tier_clock_only_records_without_its_variable_and_passes_tests_within_it(tmp_path):
     assert clocked(tmp_path).returncode == 0  # plain pytest: the bound is make test-fast's
     assert clocked(tmp_path, bound=60).returncode == 0
