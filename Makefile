@@ -3,7 +3,7 @@
 # make test                - set up .venv, run the test suite
 # make test-fast           - the same without the slow tier (end-to-end training, several processes, matrices off
 #                            their diagonal): under 4 minutes on 2 cores; fails if a test it runs takes over
-#                            TIER_MAX_SECONDS (45) CPU seconds on its own
+#                            TIER_MAX_SECONDS (30) CPU seconds on its own
 # make gpu-bundle          - .gpu_bundle/: what a bare GPU image lacks (fairseq sdist, hydra-core, omegaconf, antlr4,
 #                            bitarray for PYVER=3.12; Multi30k), for an offline set-up there (scripts/gpu_check.sh)
 SHELL := /bin/bash
@@ -27,7 +27,7 @@ endif
 # rewriting an item's _nodeid, which pytest 9 no longer reads, so groups are silently ignored.) The fast tier fails
 # listing any test not marked slow that took over TIER_MAX_SECONDS on its own (tests/helpers/tier_clock.py).
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 2 ? n : 2 )))
-TIER_MAX_SECONDS ?= 45
+TIER_MAX_SECONDS ?= 30
 PYTEST := python -m pytest -q tests -n $(JOBS) --dist loadfile --durations=15
 
 test: setup
