@@ -11,12 +11,11 @@ from pathlib import Path
 from tooling.paths import rewrite
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("paths", nargs="+", help="JSON files or directories (every *.json below)")
-    args = ap.parse_args(argv)
+def rewrite_all(paths):
+    """Rewrites the JSON files among paths and below its directories: (files changed, files read). A missing path
+    or a file that is not JSON ends the program with one line."""
     files = []
-    for p in map(Path, args.paths):
+    for p in map(Path, paths):
         if not p.exists():
             sys.exit(f"result_paths.py: {p}: no such file or directory")
         files += sorted(p.rglob("*.json")) if p.is_dir() else [p]
@@ -26,7 +25,15 @@ def main(argv=None):
             changed += rewrite(f)
         except ValueError as err:
             sys.exit(f"result_paths.py: {f}: not JSON ({err})")
-    print(f"{changed} of {len(files)} files rewritten")
+    return changed, len(files)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="+", help="JSON files or directories (every *.json below)")
+    args = ap.parse_args(argv)
+    changed, total = rewrite_all(args.paths)
+    print(f"{changed} of {total} files rewritten")
 
 
 if __name__ == "__main__":

@@ -40,19 +40,16 @@ def tabulate(args):
     """Every table and plot of a study folder in one process (the recipe calls it after each run): the claims
     table of every finished run (every-run), the length probe's table, the results' paths made portable, the
     validation curves."""
-    import glob
-
     import length_probe
-    from tooling.paths import rewrite
+    import result_paths
 
     models, seeds = study.every_run(args.runs, args.models.split(), args.seeds.split())
     args.models, args.seeds = " ".join(models), " ".join(map(str, seeds))
     study.table(args)
     length_probe.table(argparse.Namespace(runs=args.runs, models=args.models, seeds=args.seeds,
                                           out=os.path.join(args.out, "probe_table.md")))
-    for f in sorted(Path(args.out).rglob("*.json")):
-        rewrite(f)  # older code wrote absolute paths
-    if glob.glob(os.path.join(glob.escape(args.runs), "*.json")):
+    result_paths.rewrite_all([args.out])  # older code wrote absolute paths
+    if any(Path(args.runs).glob("*.json")):
         study.plot(argparse.Namespace(runs=args.runs, out=os.path.join(args.out, "valid_loss.png"),
                                       title=args.plot_title))
 

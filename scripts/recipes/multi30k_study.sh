@@ -169,16 +169,17 @@ failed=0 phase= plan=
 # TABLES_ONLY=1: no run, only the tables and plots again from every finished run in OUT_DIR (and MODELS and SEEDS:
 # a model or seed asked for without a run is listed as missing)
 [ -n "${TABLES_ONLY:-}" ] || plan=$(python scripts/study.py plan --models "$MODELS" --seeds "$SEEDS")
-# the table's tiny architecture and flags of every model in the plan, asked once (each call imports torch)
+# the table's tiny architecture and flags of every model of the table in the plan, asked once (each call imports
+# torch); run_one reads those it builds from the table
 declare -A TABLE_ARCH=()
-if [ -n "$plan" ]; then
-  mapfile -t table_models < <(awk '$2 != "relative" && $2 != "floater_warm" && $2 != "transformer_ft" &&
-    !seen[$2]++ { print $2 }' <<< "$plan")
-  if (( ${#table_models[@]} )); then
-    mapfile -t lines < <(python -m fairseq_plugins arch "${table_models[@]}")
-    (( ${#lines[@]} == ${#table_models[@]} )) || die "python -m fairseq_plugins arch ${table_models[*]}: failed"
-    for i in "${!table_models[@]}"; do TABLE_ARCH[${table_models[$i]}]=${lines[$i]}; done
-  fi
+table_models=()
+for m in $(awk '!seen[$2]++ { print $2 }' <<< "$plan"); do
+  [[ $TABLE != *" $m "* ]] || table_models+=("$m")
+done
+if (( ${#table_models[@]} )); then
+  mapfile -t lines < <(python -m fairseq_plugins arch "${table_models[@]}")
+  (( ${#lines[@]} == ${#table_models[@]} )) || die "python -m fairseq_plugins arch ${table_models[*]}: failed"
+  for i in "${!table_models[@]}"; do TABLE_ARCH[${table_models[$i]}]=${lines[$i]}; done
 fi
 while read -r next m s; do
   [ -n "$next" ] || continue
