@@ -1,0 +1,35 @@
+"""scripts/randomized_eval.py: its rules are what its docstring says, and its decoding sees the positions its
+teacher-forced loss sees."""
+import itertools
+
+import torch
+
+from helpers.tiny_models import build, fixed_batch, one_thread  # noqa: F401 (autouse fixture)
+from randomized_eval import Rule, spread
+
+
+def test_spread_is_the_expected_order_statistic_of_a_uniform_subset():
+    length = 10
+    for n in (1, 3, 4, 6):
+        subsets = torch.tensor(list(itertools.combinations(range(length), n)), dtype=torch.float64)
+        rank = torch.arange(n)
+        mean = subsets.mean(0)  # E[r-th smallest], by enumeration of every n-subset of 0..L-1
+        assert torch.allclose(mean, (rank + 1).double() * (length + 1) / (n + 1) - 1)
+        assert (spread(rank, torch.tensor(n), length) - mean).abs().max() <= 0.5
+
+
+def test_prefix_is_the_models_own_rule_and_spread_hat_decodes_as_it_scores():
+    model = build("randomized_transformer_tiny").eval()
+    src, lengths, prev = fixed_batch()
+    with torch.no_grad():
+        own = model(src, lengths, prev)[0]
+        rule = Rule(model, ratio=1.3)
+        assert torch.equal(model(src, lengths, prev)[0], own)  # prefix: the module's evaluation positions
+        rule.name = "spread_hat"
+        full = model(src, lengths, prev)[0]
+        assert not torch.allclose(full, own, atol=1e-3)
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        state = {}
+        steps = [model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)[0]
+                 for t in range(prev.size(1))]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
