@@ -5,16 +5,17 @@ its positions chosen by several rules; everything else (weights, beam, data) the
     python scripts/randomized_eval.py DATA_DIR CHECKPOINT --json OUT [--src en --tgt de] [--rules ...]
 
 Training gives a sequence of n tokens a sorted uniform random n-subset of {0..L−1}: on Multi30k's ~14-token
-captions and L = 2,048, neighbours ~140 apart across the whole range. The module's evaluation rule (``prefix``,
-``randomized_positions.py``) gives token t the t-th entry of one fixed sorted draw of N = max-positions from L,
+captions and L = 2,048, neighbours ~140 apart across the whole range. The module's first evaluation rule (``prefix``,
+``randomized_positions.py``) gave token t the t-th entry of one fixed sorted draw of N = max-positions from L,
 so that decoding step by step needs no final length: ~2 apart, from 0. The rules compared:
 
-- ``prefix``: the module's own (the recorded test BLEU; this script's decoding must reproduce its hypotheses);
+- ``prefix``: the module's rule before ``--randomized-eval-positions`` (the recorded test BLEU of runs trained
+  before it; this script's decoding must reproduce their hypotheses);
 - ``spread``: the mean of training's distribution: token r of n takes round((r + 1)(L + 1)/(n + 1)) − 1, the
   expected r-th smallest of a uniform n-subset; the decoder's n is the reference's length (teacher forcing only);
-- ``spread_hat``: the same, the decoder's n estimated as n̂ = ρ·S (S the source's length, ρ the training set's
-  target/source token ratio), which a decoder writing step by step can use; past n̂ the spacing goes on, clipped
-  at L − 1;
+- ``spread_hat``: the same, the decoder's n estimated as n̂ = round(ρ·S) (S the source's length, ρ the training
+  set's target/source token ratio), which a decoder writing step by step can use; past n̂ the spacing goes on,
+  clipped at L − 1 (the module's ``spread`` rule with ``--randomized-length-ratio`` ρ);
 - ``draw``: what training does, a seeded sorted random n-subset per sentence (teacher forcing only; the
   authors' code draws at test time too, on encoder-only models).
 
@@ -40,18 +41,11 @@ from tooling.bleu import tokenized_bleu
 from tooling.paths import portable
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
-from fairseq_plugins.modules.randomized_positions import RandomizedPositionalEmbedding  # noqa: E402
+from fairseq_plugins.modules.randomized_positions import RandomizedPositionalEmbedding, spread_positions  # noqa: E402
 
 RULES = ("prefix", "spread", "spread_hat", "draw")
 DECODED = ("prefix", "spread_hat")
 DRAW_SEED = 1
-
-
-def spread(rank, n, max_position):
-    """round((r + 1)(L + 1)/(n + 1)) − 1 for rank r of n, clipped to 0..L−1 (ranks past n keep the spacing)."""
-    n = n.clamp(min=1).to(torch.float64)
-    pos = torch.round((rank.to(torch.float64) + 1) * (max_position + 1) / (n + 1)) - 1
-    return pos.clamp(0, max_position - 1).long()
 
 
 def drawn(n_per_row, length, max_position, generator):
@@ -75,6 +69,7 @@ class Rule:
         self.ratio, self.name, self.src_real = ratio, "prefix", None
         self.generator = torch.Generator()
         for emb in (self.encoder, self.decoder):
+            emb.eval_rule, emb.reads_source = "prefix", False  # the module's own: prefix; the others here
             emb.forward = self._forward(emb, type(emb).forward.__get__(emb))
 
     def _forward(self, emb, original):
@@ -100,7 +95,7 @@ class Rule:
                 chosen = drawn(n.view(-1), max(seq_len, int(rank.max()) + 1), emb.max_position,
                                self.generator).gather(1, rank)
             else:
-                chosen = spread(rank, n, emb.max_position)
+                chosen = spread_positions(rank, n, emb.max_position)
             index = torch.where(real, chosen + emb.padding_idx + 1, emb.padding_idx)
             return emb._table().index_select(0, index.view(-1)).view(bsz, index.size(1), -1).detach()
         return forward
@@ -132,6 +127,7 @@ def main():
     ap.add_argument("--rules", default=",".join(RULES), help=f"comma-separated, of {', '.join(RULES)}")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--lenpen", type=float, default=1.0)
+    ap.add_argument("--teacher-forced-only", action="store_true", help="the losses alone, no beam search")
     ap.add_argument("--sentences", type=int, help="only the first N test sentences (a quick check; default: all)")
     ap.add_argument("--recorded-hyp", help="the run's recorded test hypotheses: prefix's decoding must equal them")
     args = ap.parse_args()
@@ -168,7 +164,7 @@ def main():
         start = time.time()
         total, tokens = reference_loss(model, dataset, list(range(len(dataset))))
         row = {"loss": round(total / tokens, 4)}
-        if name in DECODED:
+        if name in DECODED and not args.teacher_forced_only:
             hyps = decode(task, model, dataset, args.beam, args.lenpen, sp)
             row["bleu_tok_lc"] = round(tokenized_bleu(hyps, refs, lowercase=True, compounds=False).score, 2)
             row["sacrebleu"] = round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)

@@ -5,7 +5,8 @@ import itertools
 import torch
 
 from helpers.tiny_models import build, fixed_batch, one_thread  # noqa: F401 (autouse fixture)
-from randomized_eval import Rule, spread
+from randomized_eval import Rule
+from fairseq_plugins.modules.randomized_positions import spread_positions
 
 
 def test_spread_is_the_expected_order_statistic_of_a_uniform_subset():
@@ -15,19 +16,23 @@ def test_spread_is_the_expected_order_statistic_of_a_uniform_subset():
         rank = torch.arange(n)
         mean = subsets.mean(0)  # E[r-th smallest], by enumeration of every n-subset of 0..L-1
         assert torch.allclose(mean, (rank + 1).double() * (length + 1) / (n + 1) - 1)
-        assert (spread(rank, torch.tensor(n), length) - mean).abs().max() <= 0.5
+        assert (spread_positions(rank, torch.tensor(n), length) - mean).abs().max() <= 0.5
 
 
-def test_prefix_is_the_models_own_rule_and_spread_hat_decodes_as_it_scores():
-    model = build("randomized_transformer_tiny").eval()
+def test_its_rules_are_the_modules_and_spread_hat_decodes_as_it_scores():
+    """prefix: the module's prefix rule; spread_hat: the module's spread rule with the same ratio (two
+    implementations of the equation agree); step by step equals the full forward."""
     src, lengths, prev = fixed_batch()
     with torch.no_grad():
-        own = model(src, lengths, prev)[0]
+        own = {rule: build("randomized_transformer_tiny", randomized_eval_positions=rule,
+                           randomized_length_ratio=1.3).eval()(src, lengths, prev)[0] for rule in ("prefix", "spread")}
+        model = build("randomized_transformer_tiny").eval()
         rule = Rule(model, ratio=1.3)
-        assert torch.equal(model(src, lengths, prev)[0], own)  # prefix: the module's evaluation positions
+        assert torch.equal(model(src, lengths, prev)[0], own["prefix"])
         rule.name = "spread_hat"
         full = model(src, lengths, prev)[0]
-        assert not torch.allclose(full, own, atol=1e-3)
+        torch.testing.assert_close(full, own["spread"], rtol=0, atol=1e-6)
+        assert not torch.allclose(full, own["prefix"], atol=1e-3)
         encoder_out = model.encoder(src, src_lengths=lengths)
         state = {}
         steps = [model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)[0]

@@ -213,6 +213,20 @@ def _bind(stack, signal):
             layer.position_signal = None
 
 
+@contextmanager
+def _source_lengths(embed_positions, encoder_out):
+    """For one decoder forward, an embedding that reads its source (``reads_source``: randomized positions'
+    length estimate) holds the real source lengths (B|B·beam,), as fairseq reorders them with the hypotheses."""
+    if not getattr(embed_positions, "reads_source", False):
+        yield
+        return
+    embed_positions.source_lengths = encoder_out["src_lengths"][0].view(-1) if encoder_out is not None else None
+    try:
+        yield
+    finally:
+        embed_positions.source_lengths = None
+
+
 def _prepared(module, stack, *args):
     """The stack's scheme module's context for one forward of the stack (``prepare``); nothing without one."""
     return module.prepare(stack, *args) if module is not None else nullcontext()
@@ -281,8 +295,8 @@ class PositionDecoder(TransformerDecoderBase):
             positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
             return (positions[:, -1:] if incremental_state is not None else positions).transpose(0, 1)
 
-        with _bind(self, signal), _prepared(self.position_scheme, self, prev_output_tokens, encoder_out,
-                                            incremental_state):
+        with _source_lengths(self.embed_positions, encoder_out), _bind(self, signal), \
+                _prepared(self.position_scheme, self, prev_output_tokens, encoder_out, incremental_state):
             x, extra = super().extract_features(prev_output_tokens, encoder_out, incremental_state,
                                                 full_context_alignment, alignment_layer, alignment_heads)
         if incremental_state is not None and self.position_scheme is not None:

@@ -13,14 +13,24 @@ length; here sequences of a batch differ in length), drawn as the first T of a r
 (``torch.rand(B, L).argsort``) then sorted, from torch's generator on the input's device, which fairseq seeds
 per update: a resumed run draws the same.
 
-Evaluation: the authors' code randomizes at test time too (``range_evaluation.py`` applies the model with a
-fresh key per batch). Here evaluation draws too, but once and reproducibly, so that validation, beam search and
-incremental decoding are deterministic: one sorted random subset s_0 < … < s_{N−1} of {0..L−1}, N = the stack's
-max positions, drawn from a generator seeded with ``EVAL_SEED``, and token t takes s_t. A prefix of s is the
-positions of the prefix, so decoding step t (which cannot know the final length) takes s_t and incremental
-decoding equals the full forward; with L = N, s is 0..N−1 and evaluation is the plain sinusoid.
+Evaluation (``--randomized-eval-positions``): the authors' code draws at test time too, from training's
+distribution (``range_evaluation.py``, a fresh key per batch, on encoder-only models whose test lengths are known).
+Here evaluation is deterministic, so that validation, beam search and incremental decoding repeat exactly:
 
-Mapping to code: ``Randomized`` is the scheme (its flag; ``embed`` gives the stack its embedding);
+- ``spread`` (default): the mean of training's draw, p_r = round((r + 1)(L + 1)/(n + 1)) − 1, the expected r-th
+  smallest of a uniform n-subset of {0..L−1} (neighbours ~L/n apart, as in training). The encoder's n is its
+  sentence's length. A decoder writing step by step cannot know its length: it takes n̂ = round(ρ·S) from its
+  source's length S (ρ = ``--randomized-length-ratio``, the expected target/source length ratio, default 1), in
+  teacher-forced evaluation as well, so that incremental decoding equals the full forward; past n̂ the spacing
+  goes on, clipped at L − 1.
+- ``prefix``: token t takes s_t of one sorted random N-subset s_0 < … < s_{N−1} of {0..L−1}, N = the stack's max
+  positions, drawn from a generator seeded with ``EVAL_SEED`` (a prefix of s is the positions of the prefix, so no
+  length is needed). With L = 2N it puts a sentence's tokens ~2 apart from 0, where training puts a 14-token
+  caption's ~140 apart over the whole range (results/multi30k_study/randomized_eval/); with L = N it is the
+  plain sinusoid.
+
+Mapping to code: ``Randomized`` is the scheme (its flags; ``embed`` gives the stack its embedding, the decoder's reading its
+source's lengths: ``reads_source``);
 ``RandomizedPositionalEmbedding`` is fairseq's ``SinusoidalPositionalEmbedding`` (the project's sinusoid:
 position p at fairseq's padding_idx + 1 + p, frequencies 10000^(−j/(d/2 − 1)), all sines then all cosines, where
 the authors' take max_timescale^(−2j/d)), a table of L rows in float32 indexed by p_t. t is the rank among the
@@ -28,12 +38,22 @@ sequence's real tokens: pads get nothing (fairseq's zero row), left padding shif
 """
 
 import torch
+from fairseq.models import FairseqDecoder
 from fairseq.modules import SinusoidalPositionalEmbedding
 
-from ..flags import Flag, FlagError, positive
+from ..flags import Flag, FlagError, one_of, positive
 from .position_scheme import PositionScheme
 
-EVAL_SEED = 0  # the one draw of evaluation's positions
+EVAL_SEED = 0  # the one draw of evaluation's positions (prefix)
+EVAL_RULES = ("spread", "prefix")
+
+
+def spread_positions(rank, n, max_position):
+    """round((r + 1)(L + 1)/(n + 1)) − 1 for rank r of n (broadcast): the expected r-th smallest of a uniform
+    n-subset of {0..L−1}, clipped to 0..L−1 (ranks past n keep the spacing)."""
+    n = n.clamp(min=1).to(torch.float64)
+    position = torch.round((rank.to(torch.float64) + 1) * (max_position + 1) / (n + 1)) - 1
+    return position.clamp(0, max_position - 1).long()
 
 
 def eval_positions(max_position, count):
@@ -43,9 +63,13 @@ def eval_positions(max_position, count):
 
 
 class RandomizedPositionalEmbedding(SinusoidalPositionalEmbedding):
-    def __init__(self, embedding_dim, padding_idx, max_position, num_positions):
+    def __init__(self, embedding_dim, padding_idx, max_position, num_positions, eval_rule="prefix",
+                 length_ratio=None):
         super().__init__(embedding_dim, padding_idx, padding_idx + 1 + max_position)
         self.max_position, self.num_positions = max_position, num_positions
+        self.eval_rule, self.length_ratio = eval_rule, length_ratio  # length_ratio: a decoder's ρ (n̂ = ρ·S)
+        self.reads_source = eval_rule == "spread" and length_ratio is not None
+        self.source_lengths = None  # (B,): set by the decoder around each of its forwards when reads_source
         self._eval = None  # eval_positions(), built at the first evaluation forward
 
     def _table(self):
@@ -64,6 +88,8 @@ class RandomizedPositionalEmbedding(SinusoidalPositionalEmbedding):
             count = real.sum(dim=1, keepdim=True)  # (B, 1): the first count of the permutation are the subset
             taken = torch.arange(seq_len, device=input.device) < count
             chosen = first.masked_fill(~taken, self.max_position).sort(dim=1).values  # (B, seq_len) ascending
+        elif self.eval_rule == "spread":
+            return self._spread(input, weights, incremental_state, timestep)
         else:
             if self._eval is None or self._eval.device != input.device:
                 self._eval = eval_positions(self.max_position, self.num_positions).to(input.device)
@@ -82,6 +108,28 @@ class RandomizedPositionalEmbedding(SinusoidalPositionalEmbedding):
         index = torch.where(real, chosen.gather(1, rank) + self.padding_idx + 1, self.padding_idx)
         return weights.index_select(0, index.view(-1)).view(bsz, seq_len, -1).detach()
 
+    def _spread(self, input, weights, incremental_state, timestep):
+        bsz, seq_len = input.shape
+        if incremental_state is not None:  # one decoder step: its rank, for every row
+            step = timestep.view(-1)[:1].long() if timestep is not None else \
+                torch.full((1,), seq_len - 1, dtype=torch.long, device=input.device)
+            rank = step.view(1, 1).expand(bsz, 1)
+            real = torch.ones(bsz, 1, dtype=torch.bool, device=input.device)
+        else:
+            real = input.ne(self.padding_idx)
+            rank = (torch.cumsum(real, dim=1) - 1).clamp(min=0)
+        if self.reads_source:
+            source_lengths = self.source_lengths
+            if source_lengths is None:
+                raise ValueError("randomized positions in a decoder (--randomized-eval-positions spread) need its "
+                                 "source's lengths")
+            n = torch.round(source_lengths.view(-1, 1).to(torch.float64) * self.length_ratio)
+        else:
+            n = real.sum(dim=1, keepdim=True)
+        chosen = spread_positions(rank, n, self.max_position)
+        index = torch.where(real, chosen + self.padding_idx + 1, self.padding_idx)
+        return weights.index_select(0, index.view(-1)).view(bsz, index.size(1), -1).detach()
+
 
 class Randomized(PositionScheme):
     embedding = "randomized"
@@ -89,6 +137,12 @@ class Randomized(PositionScheme):
         Flag("--randomized-max-position", positive(int), "L",
              "randomized positions: each training sequence's positions are a sorted random subset of 0..L-1 "
              "(default 2048, the paper's; at least --max-source/target-positions)", 2048),
+        Flag("--randomized-eval-positions", one_of(EVAL_RULES), "RULE",
+             "randomized positions at evaluation: spread (default: the mean of training's draw for the sentence's "
+             "length; a decoder's length estimated from its source's, --randomized-length-ratio) or prefix (a "
+             "prefix of one fixed draw: no length needed, but far denser than training's)", "spread"),
+        Flag("--randomized-length-ratio", positive(float), "R",
+             "randomized positions, spread: the decoder's expected target/source length ratio (default 1.0)", 1.0),
     )
 
     @classmethod
@@ -97,4 +151,7 @@ class Randomized(PositionScheme):
         if max_position < max_positions:
             raise FlagError(f"--randomized-max-position must be at least the longest sequence the model takes "
                             f"({max_positions}, --max-source/target-positions), got {max_position}")
-        return RandomizedPositionalEmbedding(embed_dim, stack.padding_idx, max_position, max_positions)
+        decoder = isinstance(stack, FairseqDecoder)
+        return RandomizedPositionalEmbedding(embed_dim, stack.padding_idx, max_position, max_positions,
+                                             cfg.randomized_eval_positions,
+                                             cfg.randomized_length_ratio if decoder else None)
