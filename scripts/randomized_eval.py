@@ -156,7 +156,8 @@ def main():
         refs = refs[:len(dataset)]
     rule = Rule(model, ratio)
     sp = spm.SentencePieceProcessor(model_file=f"{args.data}/spm.model")
-    result = {"checkpoint": portable(args.checkpoint), "sentences": len(dataset), "max_position": rule.encoder.max_position,
+    result = {"checkpoint": portable(args.checkpoint), "sentences": len(dataset),
+              "max_position": rule.encoder.max_position,
               "ratio": round(ratio, 4), "beam": args.beam, "lenpen": args.lenpen, "rules": {}}
     for name in rules:
         rule.name = name

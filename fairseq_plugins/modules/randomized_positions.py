@@ -26,12 +26,12 @@ Here evaluation is deterministic, so that validation, beam search and incrementa
 - ``prefix``: token t takes s_t of one sorted random N-subset s_0 < … < s_{N−1} of {0..L−1}, N = the stack's max
   positions, drawn from a generator seeded with ``EVAL_SEED`` (a prefix of s is the positions of the prefix, so no
   length is needed). With L = 2N it puts a sentence's tokens ~2 apart from 0, where training puts a 14-token
-  caption's ~140 apart over the whole range (results/multi30k_study/randomized_eval/); with L = N it is the
-  plain sinusoid.
+  caption's ~140 apart over the whole range: on the Multi30k study's seed-2 model it scores 9.0 BLEU below
+  ``spread`` (results/multi30k_study/randomized_eval/); with L = N it is the plain sinusoid.
 
-Mapping to code: ``Randomized`` is the scheme (its flags; ``embed`` gives the stack its embedding, the decoder's reading its
-source's lengths: ``reads_source``);
-``RandomizedPositionalEmbedding`` is fairseq's ``SinusoidalPositionalEmbedding`` (the project's sinusoid:
+Mapping to code: ``Randomized`` is the scheme (its flags; ``embed`` gives the stack its embedding; the decoder's
+reads its source's lengths, ``reads_source``, which the decoder sets around each forward); ``spread_positions`` is
+p_r; ``RandomizedPositionalEmbedding`` is fairseq's ``SinusoidalPositionalEmbedding`` (the project's sinusoid:
 position p at fairseq's padding_idx + 1 + p, frequencies 10000^(−j/(d/2 − 1)), all sines then all cosines, where
 the authors' take max_timescale^(−2j/d)), a table of L rows in float32 indexed by p_t. t is the rank among the
 sequence's real tokens: pads get nothing (fairseq's zero row), left padding shifts nothing.
