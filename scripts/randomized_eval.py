@@ -20,8 +20,8 @@ so that decoding step by step needs no final length: ~2 apart, from 0. The rules
   authors' code draws at test time too, on encoder-only models).
 
 For each rule: the test references' teacher-forced loss (nats per target token, no label smoothing) and, for
-``prefix`` and ``spread_hat``, beam search (BEAM, LENPEN as the study's recipe: 5 and 1; one sentence at a time,
-so a decoder row always belongs to one source) scored as the study does (tok-lc BLEU and sacreBLEU).
+``prefix`` and ``spread_hat``, beam search (BEAM, LENPEN as the study's recipe: 5 and 1; one sentence at a time)
+scored as the study does (tok-lc BLEU and sacreBLEU).
 """
 import argparse
 import json
@@ -41,7 +41,7 @@ from tooling.bleu import tokenized_bleu
 from tooling.paths import portable
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
-from fairseq_plugins.modules.randomized_positions import RandomizedPositionalEmbedding, spread_positions  # noqa: E402
+from fairseq_plugins.modules.randomized_positions import RandomizedPositionalEmbedding  # noqa: E402
 
 RULES = ("prefix", "spread", "spread_hat", "draw")
 DECODED = ("prefix", "spread_hat")
@@ -58,7 +58,9 @@ def drawn(n_per_row, length, max_position, generator):
 
 
 class Rule:
-    """Replaces the evaluation positions of a model's two randomized embeddings by one rule."""
+    """Sets the evaluation positions of a model's two randomized embeddings to one rule: prefix, spread and
+    spread_hat are the module's own rules (spread: the decoder's n its own length; spread_hat: round(ρ·S), which
+    the decoder reads from its source), draw is training's draw, here."""
 
     def __init__(self, model, ratio):
         self.encoder, self.decoder = model.encoder.embed_positions, model.decoder.embed_positions
@@ -66,38 +68,30 @@ class Rule:
             if not isinstance(emb, RandomizedPositionalEmbedding):
                 sys.exit(f"randomized_eval.py: the checkpoint's {type(emb).__name__} is not randomized positions "
                          "(expected a randomized_transformer_* model)")
-        self.ratio, self.name, self.src_real = ratio, "prefix", None
-        self.generator = torch.Generator()
-        for emb in (self.encoder, self.decoder):
-            emb.eval_rule, emb.reads_source = "prefix", False  # the module's own: prefix; the others here
-            emb.forward = self._forward(emb, type(emb).forward.__get__(emb))
+        self.ratio, self.generator = ratio, torch.Generator()
+        self.name = None
+        self.set("prefix")
 
-    def _forward(self, emb, original):
+    def set(self, name):
+        self.name = name
+        for emb in (self.encoder, self.decoder):
+            hat = name == "spread_hat" and emb is self.decoder
+            emb.eval_rule = "prefix" if name == "prefix" else "spread"
+            emb.length_ratio, emb.reads_source = (self.ratio if hat else None), hat
+            if name == "draw":
+                emb.forward = self._draw(emb)
+            else:
+                emb.__dict__.pop("forward", None)  # the module's own forward again
+
+    def _draw(self, emb):
         def forward(input, incremental_state=None, timestep=None, positions=None):
+            if incremental_state is not None:
+                raise RuntimeError("draw: teacher forcing only")
             real = input.ne(emb.padding_idx)
-            if emb is self.encoder:
-                self.src_real = real.sum(dim=1)
-            if self.name == "prefix" or emb.training:
-                return original(input, incremental_state=incremental_state, timestep=timestep)
-            bsz, seq_len = input.shape
-            if incremental_state is not None:  # one decoder step: the rank is the step
-                step = int(timestep.view(-1)[0]) if timestep is not None else seq_len - 1
-                rank = torch.full((bsz, 1), step, dtype=torch.long)
-                real = torch.ones(bsz, 1, dtype=torch.bool)
-            else:
-                rank = (torch.cumsum(real, dim=1) - 1).clamp(min=0)
-            n = real.sum(dim=1, keepdim=True)
-            if emb is self.decoder and self.name == "spread_hat":
-                if self.src_real.numel() != 1 and self.src_real.numel() != bsz:
-                    raise RuntimeError("spread_hat needs one source per decoder row")
-                n = torch.round(self.src_real.to(torch.float64) * self.ratio).long().view(-1, 1).expand(bsz, 1)
-            if self.name == "draw":
-                chosen = drawn(n.view(-1), max(seq_len, int(rank.max()) + 1), emb.max_position,
-                               self.generator).gather(1, rank)
-            else:
-                chosen = spread_positions(rank, n, emb.max_position)
+            rank = (torch.cumsum(real, dim=1) - 1).clamp(min=0)
+            chosen = drawn(real.sum(dim=1), input.size(1), emb.max_position, self.generator).gather(1, rank)
             index = torch.where(real, chosen + emb.padding_idx + 1, emb.padding_idx)
-            return emb._table().index_select(0, index.view(-1)).view(bsz, index.size(1), -1).detach()
+            return emb._table().index_select(0, index.view(-1)).view(*input.shape, -1).detach()
         return forward
 
 
@@ -160,7 +154,7 @@ def main():
               "max_position": rule.encoder.max_position,
               "ratio": round(ratio, 4), "beam": args.beam, "lenpen": args.lenpen, "rules": {}}
     for name in rules:
-        rule.name = name
+        rule.set(name)
         rule.generator.manual_seed(DRAW_SEED)
         start = time.time()
         total, tokens = reference_loss(model, dataset, list(range(len(dataset))))

@@ -29,7 +29,7 @@ def test_its_rules_are_the_modules_and_spread_hat_decodes_as_it_scores():
         model = build("randomized_transformer_tiny").eval()
         rule = Rule(model, ratio=1.3)
         assert torch.equal(model(src, lengths, prev)[0], own["prefix"])
-        rule.name = "spread_hat"
+        rule.set("spread_hat")
         full = model(src, lengths, prev)[0]
         torch.testing.assert_close(full, own["spread"], rtol=0, atol=1e-6)
         assert not torch.allclose(full, own["prefix"], atol=1e-3)
