@@ -20,8 +20,8 @@ def test_spread_is_the_expected_order_statistic_of_a_uniform_subset():
 
 
 def test_its_rules_are_the_modules_and_spread_hat_decodes_as_it_scores():
-    """prefix: the module's prefix rule; spread_hat: the module's spread rule with the same ratio (two
-    implementations of the equation agree); step by step equals the full forward."""
+    """prefix and spread_hat set on a default model give what a model built with that rule (and ratio) computes;
+    step by step equals the full forward."""
     src, lengths, prev = fixed_batch()
     with torch.no_grad():
         own = {rule: build("randomized_transformer_tiny", randomized_eval_positions=rule,
