@@ -78,57 +78,48 @@ class RandomizedPositionalEmbedding(SinusoidalPositionalEmbedding):
 
     def forward(self, input, incremental_state=None, timestep=None, positions=None):
         bsz, seq_len = input.shape
-        weights = self._table()
+        real, rank = self._ranks(input, incremental_state, timestep)
         if self.training and incremental_state is None:
             if seq_len > self.max_position:
                 raise ValueError(f"a sequence of {seq_len} tokens is longer than --randomized-max-position "
                                  f"{self.max_position}")
             first = torch.rand(bsz, self.max_position, device=input.device).argsort(dim=1)[:, :seq_len]
-            real = input.ne(self.padding_idx)
             count = real.sum(dim=1, keepdim=True)  # (B, 1): the first count of the permutation are the subset
             taken = torch.arange(seq_len, device=input.device) < count
             chosen = first.masked_fill(~taken, self.max_position).sort(dim=1).values  # (B, seq_len) ascending
+            position = chosen.gather(1, rank)
         elif self.eval_rule == "spread":
-            return self._spread(input, weights, incremental_state, timestep)
+            position = spread_positions(rank, self._spread_length(real), self.max_position)
         else:
-            if self._eval is None or self._eval.device != input.device:
-                self._eval = eval_positions(self.max_position, self.num_positions).to(input.device)
-            if incremental_state is not None:  # one decoder step, as fairseq's: the step's rank
-                # index_select, not weights[tensor]: indexing by a 0-d device tensor reads it on the host
-                step = timestep.view(-1)[:1].long() if timestep is not None else \
-                    torch.full((1,), seq_len - 1, dtype=torch.long, device=input.device)
-                row = self._eval.index_select(0, step) + (self.padding_idx + 1)
-                return weights.index_select(0, row).expand(bsz, 1, -1)
-            if seq_len > self.num_positions:
+            if incremental_state is None and seq_len > self.num_positions:
                 raise ValueError(f"a sequence of {seq_len} tokens is longer than the {self.num_positions} positions "
                                  "of randomized positions at evaluation (--max-source/target-positions)")
-            real = input.ne(self.padding_idx)
-            chosen = self._eval[:seq_len].expand(bsz, -1)
-        rank = (torch.cumsum(real, dim=1) - 1).clamp(min=0)
-        index = torch.where(real, chosen.gather(1, rank) + self.padding_idx + 1, self.padding_idx)
-        return weights.index_select(0, index.view(-1)).view(bsz, seq_len, -1).detach()
+            if self._eval is None or self._eval.device != input.device:
+                self._eval = eval_positions(self.max_position, self.num_positions).to(input.device)
+            position = self._eval.index_select(0, rank.reshape(-1)).view_as(rank)
+        index = torch.where(real, position + self.padding_idx + 1, self.padding_idx)
+        return self._table().index_select(0, index.view(-1)).view(bsz, index.size(1), -1).detach()
 
-    def _spread(self, input, weights, incremental_state, timestep):
-        bsz, seq_len = input.shape
-        if incremental_state is not None:  # one decoder step: its rank, for every row
-            step = timestep.view(-1)[:1].long() if timestep is not None else \
-                torch.full((1,), seq_len - 1, dtype=torch.long, device=input.device)
-            rank = step.view(1, 1).expand(bsz, 1)
-            real = torch.ones(bsz, 1, dtype=torch.bool, device=input.device)
-        else:
+    def _ranks(self, input, incremental_state, timestep):
+        """(real, rank), (B, T): which tokens get a position, and each one's rank among its sequence's real
+        tokens; one decoder step (fairseq's incremental decoding) is (B, 1), every row at the step's rank."""
+        if incremental_state is None:
             real = input.ne(self.padding_idx)
-            rank = (torch.cumsum(real, dim=1) - 1).clamp(min=0)
-        if self.reads_source:
-            source_lengths = self.source_lengths
-            if source_lengths is None:
-                raise ValueError("randomized positions in a decoder (--randomized-eval-positions spread) need its "
-                                 "source's lengths")
-            n = torch.round(source_lengths.view(-1, 1).to(torch.float64) * self.length_ratio)
-        else:
-            n = real.sum(dim=1, keepdim=True)
-        chosen = spread_positions(rank, n, self.max_position)
-        index = torch.where(real, chosen + self.padding_idx + 1, self.padding_idx)
-        return weights.index_select(0, index.view(-1)).view(bsz, index.size(1), -1).detach()
+            return real, (torch.cumsum(real, dim=1) - 1).clamp(min=0)
+        # a (1,) device tensor, never a Python int read from it: that would sync with the host at every step
+        step = timestep.view(-1)[:1].long() if timestep is not None else \
+            torch.full((1,), input.size(1) - 1, dtype=torch.long, device=input.device)
+        bsz = input.size(0)
+        return torch.ones(bsz, 1, dtype=torch.bool, device=input.device), step.view(1, 1).expand(bsz, 1)
+
+    def _spread_length(self, real):
+        """n of spread_positions, (B, 1): the encoder's sentence length; a decoder's round(ρ·S) from its source."""
+        if not self.reads_source:
+            return real.sum(dim=1, keepdim=True)
+        if self.source_lengths is None:
+            raise ValueError("randomized positions in a decoder (--randomized-eval-positions spread) need its "
+                             "source's lengths")
+        return torch.round(self.source_lengths.view(-1, 1).to(torch.float64) * self.length_ratio)
 
 
 class Randomized(PositionScheme):
