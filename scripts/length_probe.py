@@ -7,6 +7,8 @@
   # mean ± std over seeds, per model and bucket, of the probe results in RUNS (MODEL.seedS.probe.json)
   scripts/length_probe.py table --runs results/multi30k_study/runs --models "transformer t5" --seeds "1 2 3" \
       --out results/multi30k_study/probe_table.md
+  # the same with each model's difference to the transformer per bucket (95% interval over seeds and probes)
+  scripts/length_probe.py table ... --data data/multi30k_study_ende
 
 Design. L = the longest training source in tokens as the encoder sees it (sentencepiece pieces + EOS), read from
 the run's binarized training data. Probe j of k (j = 0..N-1, N = --per-k) is the k consecutive test sentences
@@ -30,6 +32,12 @@ the training distribution, the ≤ 1× bucket translates like the test set, and 
 model never saw. The sentence ratio tells the two failures apart: < 1, the output stopped early; ≈ 1 with a low
 BLEU, it went on but garbled.
 
+Differences (table --data): per bucket, a model's mean per-seed BLEU minus the reference model's (the
+transformer), with the study's paired bootstrap over seeds and probes (tooling/bootstrap.py). Its unit is a
+starting point (the sufficient statistics of its probes in the bucket summed): probes from one starting point
+share their first sentences, probes from two starting points share none (k < the stride), so resampling single
+probes would count the same sentences as independent.
+
 Cost on Multi30k (the study's 4+4-layer d = 128 model, one thread): trained on all lengths, L = 49 and k = 1..12,
 240 probes of 21,442 source tokens (1.4× the test set); a 1-epoch model, whose outputs often ran to the cap (the
 slowest case), took 92 s (45 s of CPU) on a busy 2-core machine. ≤ 14-word training: L = 38, k = 1..9, 180
@@ -48,8 +56,10 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 from tooling.atomic import write_json, write_text
-from tooling.bleu import METHOD_LOWERCASE, read_hypotheses, tokenized_bleu
+from tooling.bleu import METHOD_LOWERCASE, read_hypotheses, tokenized_bleu, tokenized_metric
 from tooling.paths import REPO, portable
 
 PROBE_FILE = re.compile(r"(\w+)\.seed(\d+)\.probe\.json")
@@ -188,22 +198,30 @@ def decode(args, probes, tmp):
     return hyps, [pieces[i] for i in range(len(probes))], seconds, cpu_seconds
 
 
-def score(args):
-    edges = parse_edges(args.edges)
-    for path, flag in ((args.checkpoint, "--checkpoint"), (os.path.join(args.data, "spm.model"), "--data")):
-        if not os.path.isfile(path):
-            fail(f"{flag}: {path} not found")
-    src = read_lines(os.path.join(args.data, "raw", f"test.{args.src}"), "--data")
-    ref = read_lines(os.path.join(args.data, "raw", f"test.{args.tgt}"), "--data")
+def load_probes(data, src_lang, tgt_lang, per_k, beyond, max_k):
+    """The probes of the study's data directory (raw/test.*, spm.model, bin/): (probes, longest training source,
+    longest training target, test sentences)."""
+    if not os.path.isfile(os.path.join(data, "spm.model")):
+        fail(f"--data: {os.path.join(data, 'spm.model')} not found")
+    src = read_lines(os.path.join(data, "raw", f"test.{src_lang}"), "--data")
+    ref = read_lines(os.path.join(data, "raw", f"test.{tgt_lang}"), "--data")
     if len(src) != len(ref) or not src:
-        fail(f"--data {args.data}: raw/test.{args.src} and raw/test.{args.tgt} have {len(src)} and {len(ref)} lines")
-    longest_src, longest_tgt = longest_training(args.data, args.src, args.tgt)
-    train_targets = read_lines(os.path.join(args.data, "raw", f"train.{args.tgt}"), "--data")
+        fail(f"--data {data}: raw/test.{src_lang} and raw/test.{tgt_lang} have {len(src)} and {len(ref)} lines")
+    longest_src, longest_tgt = longest_training(data, src_lang, tgt_lang)
     import sentencepiece as spm
 
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(args.data, "spm.model"))
-    probes = make_probes(src, ref, lambda text: len(sp.encode(text)) + 1, longest_src, args.per_k, args.beyond,
-                         args.max_k)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(data, "spm.model"))
+    probes = make_probes(src, ref, lambda text: len(sp.encode(text)) + 1, longest_src, per_k, beyond, max_k)
+    return probes, longest_src, longest_tgt, len(src)
+
+
+def score(args):
+    edges = parse_edges(args.edges)
+    if not os.path.isfile(args.checkpoint):
+        fail(f"--checkpoint: {args.checkpoint} not found")
+    probes, longest_src, longest_tgt, test_sentences = load_probes(args.data, args.src, args.tgt, args.per_k,
+                                                                   args.beyond, args.max_k)
+    train_targets = read_lines(os.path.join(args.data, "raw", f"train.{args.tgt}"), "--data")
     max_src, max_tgt = model_positions(args.checkpoint)
     longest_probe = max(p[4] for p in probes)
     if longest_probe > max_src:
@@ -244,7 +262,7 @@ def score(args):
         "train_multi_sentence_targets": round(multi_sentence_share(train_targets), 4),
         "per_k": args.per_k, "ks": sorted({p[0] for p in probes}), "beyond": args.beyond, "edges": edges,
         "probes": len(probes), "longest_probe_source": longest_probe,
-        "test_sentences": len(src), "stride": len(src) // args.per_k,
+        "test_sentences": test_sentences, "stride": test_sentences // args.per_k,
         "decoding": {"beam": args.beam, "lenpen": args.lenpen, "max_len_a": MAX_LEN_A, "max_len_b": MAX_LEN_B,
                      "max_source_positions": max_src, "max_target_positions": max_tgt},
         "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1), "bleu_tok_lc_method": METHOD_LOWERCASE,
@@ -307,6 +325,8 @@ def table(args):
                 cells = [mean_std([r["buckets"][i].get(key) for r in group]) for i in range(len(heads))]
                 lines.append(f"| {model} | {len(group)} | " + " | ".join(cells) + " |")
         lines.append("")
+    if getattr(args, "data", None) and args.reference in results:
+        lines += delta_lines(args, results, models, first, heads)
     shares = [r.get("train_multi_sentence_targets") for r in runs]
     known = [x for x in shares if x is not None]
     if known and max(known) < SINGLE_SENTENCE_SHARE:
@@ -326,6 +346,63 @@ def table(args):
     if args.out:
         write_text(args.out, text)
     print(text, end="")
+
+
+def seed_of(result):
+    return int(result["name"].rsplit(".seed", 1)[1])
+
+
+def delta_lines(args, results, models, first, heads):
+    """Per bucket, each model's mean per-seed BLEU difference to args.reference with its 95% interval over seeds
+    and probes (tooling/bootstrap.py), from the hypotheses and the probes rebuilt from args.data."""
+    from tooling.bleu import tokenized_stats
+    from tooling.bootstrap import compare
+
+    probes, longest, _, _ = load_probes(args.data, args.src, args.tgt, first["per_k"], first["beyond"],
+                                        max(first["ks"]))
+    if longest != first["train_longest_source"] or [p[0] for p in probes[::first["per_k"]]] != first["ks"]:
+        fail(f"--data {args.data}: its probes (k = 1..{probes[-1][0]}, longest training source {longest}) are not "
+             f"the runs' (k = 1..{max(first['ks'])}, {first['train_longest_source']}): give the runs' data")
+    hyps = {}
+    for model in models:
+        for r in results.get(model, []):
+            path = os.path.join(args.runs, r.get("hypotheses", r["name"] + ".probe.hyp"))
+            hyps[r["name"]] = read_lines(path, "--runs")
+            if len(hyps[r["name"]]) != len(probes):
+                fail(f"{path}: {len(hyps[r['name']])} hypotheses for {len(probes)} probes")
+    # the unit resampled is a starting point: its probes of different k in one bucket share sentences, probes of
+    # different starting points none (k < the stride); a starting point's sufficient statistics add up
+    def stats(run, idx):  # one row of summed sufficient statistics per starting point in idx
+        rows = np.asarray(tokenized_stats([hyps[run["name"]][i] for i in idx], [probes[i][3] for i in idx],
+                                          lowercase=True, compounds=False), dtype=np.int64)
+        starts = sorted({probes[i][1] for i in idx})
+        summed = np.zeros((len(starts), rows.shape[1]), dtype=np.int64)
+        np.add.at(summed, [starts.index(probes[i][1]) for i in idx], rows)
+        return summed
+
+    edges = first["edges"]
+    members = [[i for i, p in enumerate(probes) if bucket_of(p[4] / longest, edges) == b] for b in range(len(heads))]
+    reference = {seed_of(r): r for r in results[args.reference]}
+    lines = [f"**Δ BLEU tok-lc against {args.reference}** (the mean over the common seeds of seed s minus seed s "
+             f"of {args.reference}; in brackets its 95% interval from the study's paired bootstrap over seeds and "
+             "probes, tooling/bootstrap.py, resampling the starting points: a starting point's probes share "
+             "sentences. An interval without 0: beyond seed and probe noise)", "",
+             "| model | seeds | " + " | ".join(heads) + " |", "|---" * (len(heads) + 2) + "|"]
+    for model in models:
+        group = {seed_of(r): r for r in results.get(model, []) if seed_of(r) in reference}
+        if model == args.reference or not group:
+            continue
+        cells = []
+        for idx in members:
+            if not idx:
+                cells.append("–")
+                continue
+            c = compare({s: stats(r, idx) for s, r in group.items()},
+                        {s: stats(reference[s], idx) for s in group}, tokenized_metric())
+            cells.append(f"{c['effect']:+.2f}" + (f" [{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}]" if c["ci"] else
+                                                  " (one seed)"))
+        lines.append(f"| {model} | {len(group)} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def main():
@@ -352,6 +429,12 @@ def main():
     t.add_argument("--models", required=True)
     t.add_argument("--seeds", required=True)
     t.add_argument("--out", help="also write the table here")
+    t.add_argument("--data", help="the runs' data directory (as for score): adds each model's difference to "
+                                  "--reference per bucket, with its interval over seeds and probes")
+    t.add_argument("--reference", default="transformer",
+                   help="the model the differences are to (default transformer)")
+    t.add_argument("--src", default="en")
+    t.add_argument("--tgt", default="de")
     t.set_defaults(func=table)
     args = ap.parse_args()
     if args.cmd == "score" and (args.per_k < 1 or args.beyond <= 0 or args.max_k < 1 or args.beam < 1):

@@ -46,8 +46,10 @@ def tabulate(args):
     models, seeds = study.every_run(args.runs, args.models.split(), args.seeds.split())
     args.models, args.seeds = " ".join(models), " ".join(map(str, seeds))
     study.table(args)
+    src, tgt = args.pair.split("-")
     length_probe.table(argparse.Namespace(runs=args.runs, models=args.models, seeds=args.seeds,
-                                          out=os.path.join(args.out, "probe_table.md")))
+                                          out=os.path.join(args.out, "probe_table.md"), data=args.probe_data,
+                                          reference="transformer", src=src, tgt=tgt))
     result_paths.rewrite_all([args.out])  # older code wrote absolute paths
     if any(Path(args.runs).glob("*.json")):
         study.plot(argparse.Namespace(runs=args.runs, out=os.path.join(args.out, "valid_loss.png"),
@@ -89,6 +91,8 @@ def main():
     tb = sub.add_parser("tabulate", parents=[t], add_help=False,
                         help="table (of every finished run in --runs), the probe's table, portable paths, the plot")
     tb.add_argument("--plot-title", default="validation loss")
+    tb.add_argument("--probe-data", help="the runs' data directory (length_probe.py score --data): the probe's "
+                                         "table adds each model's difference to the transformer per bucket")
     n = sub.add_parser("retrain-note")
     n.add_argument("--recorded", required=True, help="the recorded run's JSON")
     n.add_argument("--test-json", required=True, help="scripts/generate.sh output of the run trained again")

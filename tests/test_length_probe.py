@@ -202,3 +202,58 @@ def test_table_mean_and_std_over_seeds(tmp_path):
     assert bad.returncode != 0 and bad.stdout.strip().splitlines() == [
         "length_probe.py: rope.seed1 and t5.seed1 were probed differently (train_longest_source, edges, ks, per_k, "
         "test_sentences must agree): score them with the same data and settings"]
+
+
+def test_table_differences_to_the_transformer_per_bucket(trained, tmp_path):
+    """With the runs' data, the table adds each model's mean per-seed BLEU difference to the transformer per bucket,
+    from the hypotheses and the probes rebuilt from the data, with its interval over seeds and probes."""
+    data, checkpoint = trained
+    runs = tmp_path / "runs"
+    run1(probe_cmd(data, checkpoint, runs / "transformer.seed1.probe.json", "--per-k", "8"))
+    first = json.loads((runs / "transformer.seed1.probe.json").read_text())
+    src = (data / "raw" / "test.src").read_text(encoding="utf-8").splitlines()
+    ref = (data / "raw" / "test.tgt").read_text(encoding="utf-8").splitlines()
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    longest = first["train_longest_source"]
+    probes = length_probe.make_probes(src, ref, lambda text: len(sp.encode(text)) + 1, longest, 8, 3.0, 60)
+    refs = [p[3] for p in probes]
+    hyps = {"transformer.seed1": (runs / "transformer.seed1.probe.hyp").read_text(encoding="utf-8").splitlines(),
+            "transformer.seed2": [" ".join(r.split()[:-2]) for r in refs],
+            "relative.seed1": refs, "relative.seed2": [" ".join(r.split()[1:]) for r in refs]}
+    for name, lines in hyps.items():
+        (runs / f"{name}.probe.hyp").write_text("".join(h + "\n" for h in lines), encoding="utf-8")
+        (runs / f"{name}.probe.json").write_text(json.dumps({**first, "name": name, "hypotheses": f"{name}.probe.hyp"}))
+
+    def table(seeds, data_dir=data):
+        return run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models",
+                    "transformer relative", "--seeds", seeds, "--data", str(data_dir), "--src", "src", "--tgt", "tgt"],
+                   check=False)
+
+    out = table("1 2").stdout.split("**Δ BLEU tok-lc against transformer**")[1]
+    row = next(line for line in out.splitlines() if line.startswith("| relative | 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")][2:]
+    assert len(cells) == len(first["buckets"])
+    for b, cell in enumerate(cells):
+        idx = [j for j, p in enumerate(probes) if length_probe.bucket_of(p[4] / longest, first["edges"]) == b]
+        if not idx:
+            assert cell == "–"
+            continue
+        bleu = {name: tokenized_bleu([lines[j] for j in idx], [refs[j] for j in idx], lowercase=True,
+                                     compounds=False).score for name, lines in hyps.items()}
+        effect = (bleu["relative.seed1"] - bleu["transformer.seed1"] + bleu["relative.seed2"]
+                  - bleu["transformer.seed2"]) / 2
+        value, interval = cell.split(" ", 1)
+        low, high = (float(x) for x in interval.strip("[]").split(","))
+        assert float(value) == pytest.approx(effect, abs=0.006) and low <= float(value) <= high
+    one = table("1").stdout.split("**Δ BLEU tok-lc against transformer**")[1]
+    assert "| relative | 1 | " in one and "(one seed)" in one
+    # data the runs were not probed on: one line, not a table
+    for name in hyps:
+        path = runs / f"{name}.probe.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "train_longest_source": longest + 1}))
+    bad = table("1 2")
+    assert bad.returncode != 0 and bad.stdout.strip().splitlines() == [
+        f"length_probe.py: --data {data}: its probes (k = 1..{max(first['ks'])}, longest training source {longest}) "
+        f"are not the runs' (k = 1..{max(first['ks'])}, {longest + 1}): give the runs' data"]

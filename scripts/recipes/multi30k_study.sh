@@ -213,7 +213,7 @@ tabulate() {
   ! compgen -G "$OUT/runs/floater_warm.seed*.json" > /dev/null && ! compgen -G "$OUT/runs/transformer_ft.seed*.json" \
     > /dev/null || ft=" (fine-tunes: $FT_EPOCHS more)"
   python scripts/study.py tabulate --runs "$OUT/runs" --models "$MODELS" --seeds "$SEEDS" --pair "$PAIR" \
-    --sentences "$sentences" --out "$OUT" \
+    --sentences "$sentences" --out "$OUT" --probe-data "$DATA" \
     --source-dependence "$OUT/source_dependence" "${split[@]}" \
     ${split:+--split-note "longer than any training sentence"} --plot-title "Multi30k $SRC-$TGT, $EPOCHS epochs$ft, \
 warm-up $WARMUP${MAX_TRAIN_LEN:+, trained on <= $MAX_TRAIN_LEN words}: validation loss, one panel per model, one line \
