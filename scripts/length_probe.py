@@ -372,7 +372,15 @@ def delta_lines(args, results, models, first, heads):
                 fail(f"{path}: {len(hyps[r['name']])} hypotheses for {len(probes)} probes")
     # the unit resampled is a starting point: its probes of different k in one bucket share sentences, probes of
     # different starting points none (k < the stride); a starting point's sufficient statistics add up
-    def stats(run, idx):  # one row of summed sufficient statistics per starting point in idx
+    summed_stats = {}  # (run, bucket): the reference's are asked for once per model
+
+    def stats(run, b):  # one row of summed sufficient statistics per starting point in bucket b
+        key = (run["name"], b)
+        if key not in summed_stats:
+            summed_stats[key] = starting_point_stats(run, members[b])
+        return summed_stats[key]
+
+    def starting_point_stats(run, idx):
         rows = np.asarray(tokenized_stats([hyps[run["name"]][i] for i in idx], [probes[i][3] for i in idx],
                                           lowercase=True, compounds=False), dtype=np.int64)
         starts = sorted({probes[i][1] for i in idx})
@@ -393,12 +401,12 @@ def delta_lines(args, results, models, first, heads):
         if model == args.reference or not group:
             continue
         cells = []
-        for idx in members:
+        for b, idx in enumerate(members):
             if not idx:
                 cells.append("–")
                 continue
-            c = compare({s: stats(r, idx) for s, r in group.items()},
-                        {s: stats(reference[s], idx) for s in group}, tokenized_metric())
+            c = compare({s: stats(r, b) for s, r in group.items()},
+                        {s: stats(reference[s], b) for s in group}, tokenized_metric())
             cells.append(f"{c['effect']:+.2f}" + (f" [{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}]" if c["ci"] else
                                                   " (one seed)"))
         lines.append(f"| {model} | {len(group)} | " + " | ".join(cells) + " |")
