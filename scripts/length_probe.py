@@ -293,12 +293,12 @@ def table(args):
         if m and m.group(1) in models and int(m.group(2)) in seeds:
             with open(os.path.join(args.runs, name), encoding="utf-8") as f:
                 try:
-                    results.setdefault(m.group(1), []).append(json.load(f))
+                    results.setdefault(m.group(1), {})[int(m.group(2))] = json.load(f)
                 except ValueError as err:
                     fail(f"{os.path.join(args.runs, name)}: not a probe result ({err})")
     if not results:
         return  # no run of MODELS × SEEDS has its probe yet
-    runs = [r for model in models for r in results.get(model, [])]
+    runs = [r for model in models for r in results.get(model, {}).values()]
     first = runs[0]
     design = ("train_longest_source", "edges", "ks", "per_k", "test_sentences")
     for r in runs:
@@ -319,7 +319,7 @@ def table(args):
                   "|---" * (len(heads) + 2) + "|",
                   "| probes | | " + " | ".join(str(b["probes"]) for b in first["buckets"]) + " |"]
         for model in models:
-            group = results.get(model, [])
+            group = list(results.get(model, {}).values())
             if group:
                 # results written before a quantity existed lack it: their cells stay empty
                 cells = [mean_std([r["buckets"][i].get(key) for r in group]) for i in range(len(heads))]
@@ -348,10 +348,6 @@ def table(args):
     print(text, end="")
 
 
-def seed_of(result):
-    return int(result["name"].rsplit(".seed", 1)[1])
-
-
 def delta_lines(args, results, models, first, heads):
     """Per bucket, each model's mean per-seed BLEU difference to args.reference with its 95% interval over seeds
     and probes (tooling/bootstrap.py), from the hypotheses and the probes rebuilt from args.data."""
@@ -365,7 +361,7 @@ def delta_lines(args, results, models, first, heads):
              f"the runs' (k = 1..{max(first['ks'])}, {first['train_longest_source']}): give the runs' data")
     hyps = {}
     for model in models:
-        for r in results.get(model, []):
+        for r in results.get(model, {}).values():
             path = os.path.join(args.runs, r.get("hypotheses", r["name"] + ".probe.hyp"))
             hyps[r["name"]] = read_lines(path, "--runs")
             if len(hyps[r["name"]]) != len(probes):
@@ -390,14 +386,14 @@ def delta_lines(args, results, models, first, heads):
 
     edges = first["edges"]
     members = [[i for i, p in enumerate(probes) if bucket_of(p[4] / longest, edges) == b] for b in range(len(heads))]
-    reference = {seed_of(r): r for r in results[args.reference]}
+    reference = results[args.reference]  # seed: result, the seed as the file name gives it
     lines = [f"**Δ BLEU tok-lc against {args.reference}** (the mean over the common seeds of seed s minus seed s "
              f"of {args.reference}; in brackets its 95% interval from the study's paired bootstrap over seeds and "
              "probes, tooling/bootstrap.py, resampling the starting points: a starting point's probes share "
              "sentences. An interval without 0: beyond seed and probe noise)", "",
              "| model | seeds | " + " | ".join(heads) + " |", "|---" * (len(heads) + 2) + "|"]
     for model in models:
-        group = {seed_of(r): r for r in results.get(model, []) if seed_of(r) in reference}
+        group = {s: r for s, r in results.get(model, {}).items() if s in reference}
         if model == args.reference or not group:
             continue
         cells = []
