@@ -720,7 +720,7 @@ NEIGHBOURS = "angle between p_i and p_{i+1} (degrees)"
 def headline(model, num_positions):
     """What the compare figure shows for one model (encoder side), a dict: ``kind``, ``sim`` (heatmap), ``title``,
     ``origin`` and ``axis`` (the heatmap's first index and axis name), ``side`` (for the training-length mark;
-    None: no positions on the axes), ``profile`` [(x, y, label, style)], ``px``, ``py`` (its axis labels)."""
+    None: no positions on the axes), ``distances`` (the axes are distances j − i: the mark at ± length − 1), ``profile`` [(x, y, label, style)], ``px``, ``py`` (its axis labels)."""
     import torch
 
     kind = scheme(model)
@@ -761,7 +761,7 @@ def headline(model, num_positions):
         lines = [(x, row, f"head {h + 1}", "-") for h, row in enumerate(values)]
         title = textwrap.fill(f"{entry['part']}: {ATTENTION_TITLES[kind].split(', ', 1)[-1]}", 44)
         return dict(kind=kind, lines=lines, title=title,
-                    axis="distance j − i", ylabel=ylabel, side=None,
+                    axis="distance j − i", ylabel=ylabel, side="source", distances=True,
                     profile=[(x, values.mean(0), "mean over heads", "-")], ptitle="the same, mean over heads",
                     px="distance j − i", py=ylabel)
     if kind in ("learned", "sinusoidal"):
@@ -804,6 +804,8 @@ def compare_figure(models, labels, num_positions, train_max_len, out):
             bottom.axis("off")
             continue
         mark = _mark_for(h["side"], train_max_len) if h["side"] else None
+        # on a distance axis the longest training sentence ends at ±(its length − 1): larger distances were unseen
+        at = [] if mark is None else [-(mark - 1), mark - 1] if h.get("distances") else [mark - 0.5]
         if "lines" in h:  # a scheme inside attention: its logit term by distance, one line per head
             for x, y, line, style in h["lines"]:
                 top.plot(x, y.numpy(), style, lw=0.9, alpha=0.8, label=line)
@@ -813,6 +815,8 @@ def compare_figure(models, labels, num_positions, train_max_len, out):
             top.tick_params(labelsize=6)
             top.grid(alpha=0.3)
             top.legend(fontsize=6, ncol=2)
+            for d in at:
+                top.axvline(d, color="k", lw=0.8, ls="--")
             same.setdefault(h["ylabel"], []).append(top)
         else:
             image = _heatmap(top, h["sim"], f"{name}\n{h['title']}", mark, extent_from=h["origin"],
@@ -822,8 +826,8 @@ def compare_figure(models, labels, num_positions, train_max_len, out):
             bar.ax.tick_params(labelsize=6)
         for x, y, line, style in h["profile"]:
             bottom.plot(x, y.numpy() if hasattr(y, "numpy") else y, style, lw=1.2, label=line)
-        if mark is not None:
-            bottom.axvline(mark - 0.5, color="k", lw=0.8, ls=":")
+        for d in at:
+            bottom.axvline(d, color="k", lw=0.8, ls=":")
         bottom.ticklabel_format(axis="y", useOffset=False)
         if h["py"] == NEIGHBOURS:
             bottom.set_ylim(bottom=0)
@@ -837,6 +841,8 @@ def compare_figure(models, labels, num_positions, train_max_len, out):
     for group in same.values():
         _same_y(group)
     note = _marker_note(train_max_len).replace("dashed", "dashed (dotted below)")
+    if note and any(h and h.get("distances") for _, _, h in shown):
+        note += "; on distance axes: ± its length − 1"
     fig.suptitle(f"What each position scheme learned (encoder side){note}", fontsize=9)
     return [save_figure(fig, os.path.join(out, "compare.png"))]
 

@@ -364,3 +364,31 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert "architecture 'lstm' is not one of this project's Transformer models" in err
+
+
+def test_compare_marks_the_training_length_on_every_panel_with_positions_or_distances(checkpoints, tmp_path,
+                                                                                      monkeypatch):
+    """--train-max-len in compare.png: a position axis marked between the last trained position and the next, a
+    distance axis (T5, ALiBi, RoPE) at ± the longest training sentence's length − 1, in both rows; Shaw's clipped
+    distances carry no mark."""
+    _, paths = checkpoints
+    families = ["sinusoidal", "relative", "t5", "rope"]
+    models = [pp.load_model(str(paths[f])) for f in families]
+    figures = []
+    monkeypatch.setattr(pp, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
+    with torch.no_grad():
+        pp.compare_figure(models, families, N, (12, 14), str(tmp_path))
+    fig, = figures
+    columns = sorted((ax for ax in fig.axes if ax.get_title()), key=lambda ax: ax.get_position().x0)
+
+    def marks(ax):  # the vertical lines: two x values, one and the same
+        return sorted(line.get_xdata()[0] for line in ax.lines if len(set(line.get_xdata())) == 1
+                      and len(line.get_xdata()) == 2)
+
+    for c, family in enumerate(families):
+        top, bottom = sorted(columns[2 * c:2 * c + 2], key=lambda ax: -ax.get_position().y0)
+        expected = {"sinusoidal": [11.5], "relative": [], "t5": [-11, 11], "rope": [-11, 11]}[family]
+        assert marks(bottom) == expected, family
+        if family in ("t5", "rope"):
+            assert marks(top) == expected, family
+    assert "on distance axes: ± its length − 1" in fig._suptitle.get_text()
