@@ -31,9 +31,11 @@ What is drawn (positions are fairseq's: position i is the (i+1)-th token of a se
   tables by clipped distance j − i = −k..k, one panel per layer and table, one line per head when the tables are
   per head; and (``LABEL_relative_similarity.png``) the cosine similarity between the vectors of two distances,
   averaged over heads. With --relative-add-absolute-positions the absolute embedding gets its figure too.
-- Schemes inside self-attention (``LABEL_t5.png``, ``LABEL_alibi.png``, ``LABEL_rope.png``): the term each adds to
-  the logit of query i and key j, by distance j − i, one line per head, one panel per stack (the decoder's: the
-  past only): T5's learned bias β_h[bucket(j − i)] and ALiBi's −m_h·|j − i| (the modules' own ``score_bias``);
+- Schemes inside self-attention (``LABEL_t5.png``, ``LABEL_alibi.png``, ``LABEL_kerple.png``, ``LABEL_fire.png``,
+  ``LABEL_rope.png``): the term each adds to the logit of query i and key j, by distance j − i, one line per head,
+  one panel per stack (the decoder's: the past only): T5's learned bias β_h[bucket(j − i)], ALiBi's −m_h·|j − i|,
+  KERPLE's −r1_h·log(1 + r2_h·|j − i|) and FIRE's f_θ (the modules' own ``score_bias``; FIRE's depends on the
+  query's position too, drawn at i = --positions − 1);
   for RoPE, which adds no term but rotates q and k, the first layer's logit between a word's query and the same
   word's key at distance j − i, averaged over the vocabulary (its input is the word's scaled embedding alone),
   and beside it the rotation alone, the mean over frequencies of cos((j − i)·θ_p). SHAPE (a shifted sinusoid,
@@ -640,6 +642,12 @@ ATTENTION_TITLES = {"t5": "T5 relative bias (Raffel et al.), β_h[bucket(j − i
                     "rope": "RoPE (Su et al.), first layer's logit for one word at two positions, vocabulary mean"}
 
 
+def attention_title(kind, num_positions):
+    """FIRE's bias depends on the query's position too (its normaliser), so its curves name the query drawn."""
+    title = ATTENTION_TITLES[kind]
+    return title + f", query i = {num_positions - 1}" if kind == "fire" else title
+
+
 def attention_lines(model, entry, num_positions):
     """(distances, (H, len) values, y-axis label) of one stack's attention scheme."""
     if entry["kind"] == "rope":
@@ -695,7 +703,7 @@ def attention_figure(model, label, num_positions, train_max_len, out):
         ax.tick_params(labelsize=6)
         ax.grid(alpha=0.3)
     note = "" if train_max_len is None else "; dashed: the largest distance within a training sentence"
-    fig.suptitle(f"{_named(label, model)}: {ATTENTION_TITLES[kind]}{note}", fontsize=9)
+    fig.suptitle(f"{_named(label, model)}: {attention_title(kind, num_positions)}{note}", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     return [save_figure(fig, os.path.join(out, f"{label}_{kind}.png"))]
 
@@ -759,7 +767,7 @@ def headline(model, num_positions):
         entry = attention_schemes(model)[0]  # the encoder's
         x, values, ylabel = attention_lines(model, entry, num_positions)
         lines = [(x, row, f"head {h + 1}", "-") for h, row in enumerate(values)]
-        title = textwrap.fill(f"{entry['part']}: {ATTENTION_TITLES[kind].split(', ', 1)[-1]}", 44)
+        title = textwrap.fill(f"{entry['part']}: {attention_title(kind, num_positions).split(', ', 1)[-1]}", 44)
         return dict(kind=kind, lines=lines, title=title,
                     axis="distance j − i", ylabel=ylabel, side="source", distances=True,
                     profile=[(x, values.mean(0), "mean over heads", "-")], ptitle="the same, mean over heads",

@@ -32,6 +32,8 @@ FAMILIES = {
     "t5": ("t5_transformer_tiny", dict(t5_num_buckets=8, t5_max_distance=16)),
     "alibi": ("alibi_transformer_tiny", {}),
     "rope": ("rope_transformer_tiny", {}),
+    "kerple": ("kerple_transformer_tiny", {}),
+    "fire": ("fire_transformer_tiny", {}),
 }
 
 
@@ -392,3 +394,38 @@ def test_compare_marks_the_training_length_on_every_panel_with_positions_or_dist
         if family in ("t5", "rope"):
             assert marks(top) == expected, family
     assert "on distance axes: ± its length − 1" in fig._suptitle.get_text()
+
+
+def test_kerple_and_fire_curves_are_their_equations_at_the_named_query(checkpoints, tmp_path, monkeypatch):
+    """KERPLE log: −r1_h·log(1 + r2_h·|j − i|); FIRE: f_θ(ψ(|i − j|) / ψ(max(L, far))), ψ(x) = log(|c|·x + 1),
+    far = i in the decoder and max(i, j) in the encoder, at the query the tool draws, i = N − 1, which FIRE's title
+    names (its bias is not a function of j − i alone)."""
+    models, paths = checkpoints
+    for family in ("kerple", "fire"):
+        model = pp.load_model(str(paths[family]))
+        entries = pp.attention_schemes(model)
+        assert [(e["part"], e["kind"]) for e in entries] == [("encoder", family), ("decoder", family)]
+        for entry in entries:
+            x, values = pp.score_bias_by_distance(entry, N)
+            m = getattr(models[family], entry["part"]).position_scheme
+            i = N - 1
+            for d in (-(N - 1), -7, -1, 0, 3, N - 1):
+                if d not in x:
+                    continue
+                j = i + d
+                if family == "kerple":
+                    want = [-float(m.r1()[h]) * math.log(1 + float(m.r2()[h]) * abs(d)) for h in range(values.size(0))]
+                else:
+                    c, L = abs(float(m.c)), abs(float(m.threshold_scale)) * m.initial_threshold
+                    far = i if entry["causal"] else max(i, j)
+                    z = math.log(c * abs(d) + 1) / (math.log(c * max(L, far) + 1) + 1e-6)
+                    w1, b1 = m.mlp[0].weight.double()[:, 0], m.mlp[0].bias.double()
+                    hidden = torch.relu(w1 * z + b1)
+                    want = (m.mlp[2].weight.double() @ hidden + m.mlp[2].bias.double()).tolist()
+                got = values[:, x.index(d)].tolist()
+                assert got == pytest.approx(want, rel=1e-5, abs=1e-6), (family, entry["part"], d)
+    figures = []
+    monkeypatch.setattr(pp, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
+    with torch.no_grad():
+        pp.figures(pp.load_model(str(paths["fire"])), "fire.seed1", N, None, str(tmp_path))
+    assert figures[0]._suptitle.get_text().endswith(f"query i = {N - 1}")
