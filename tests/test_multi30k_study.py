@@ -304,6 +304,20 @@ def test_bootstrap_of_identical_systems_and_of_one_seed():
     assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": one}}).endswith("on one seed; seed noise not measured")
 
 
+def test_two_seeds_get_no_verdict():
+    """Two seeds better by the same margin: the bootstrap's interval excludes 0, but resampling two seeds sees only
+    their own spread, so the claim gets no verdict until the design's third seed; with three it gets one."""
+    refs, model, other = synthetic_systems(n=200, noise={s: (0.2, 0.35) for s in (1, 2, 3)})
+    metric, m = stats_of(model, refs)
+    _, r = stats_of(other, refs)
+    two = bootstrap.compare({s: m[s] for s in (1, 2)}, {s: r[s] for s in (1, 2)}, metric, samples=500)
+    assert two["ci"][0] > 0 and not bootstrap.within_noise(two)
+    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": two}}) == \
+        "same direction on 2 seeds; too few for a verdict (3 at least)"
+    three = bootstrap.compare(m, r, metric, samples=500)
+    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": three}}) == "yes, beyond seed noise"
+
+
 def test_seed_noise_is_counted():
     """A model better on two seeds and worse on the third: every seed's sentence-only test is confident, the mean
     difference is positive, but the seeds disagree, and over seeds and sentences it is within seed noise. A model

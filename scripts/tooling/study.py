@@ -265,16 +265,23 @@ def fmt_opt_p(p):
     return "–" if p is None else fmt_p(p)
 
 
+VERDICT_SEEDS = 3  # the study's design; resampling 2 seeds draws only {a, a}, {a, b}, {b, b}: their spread alone
+
+
 def verdict(cmp, key="bleu_tok_lc", at_least=False):
     """What the claim "model > reference" (at_least: ">=") comes to on these seeds: beyond seed noise where the
     95% interval over seeds and sentences excludes 0, within seed noise where it includes 0; one seed cannot
-    tell (its variance over seeds is not estimated)."""
+    tell (its variance over seeds is not estimated), and two are too few for a verdict (their interval knows
+    only their own spread)."""
     test = cmp["bootstrap"][key]
     noise = bootstrap.within_noise(test)
     ahead, behind = test["effect"] > 0, test["effect"] < 0
+    way = "same direction" if ahead else "reversed" if behind else "no difference"
     if noise is None:
-        way = "same direction" if ahead else "reversed" if behind else "no difference"
         return f"{way} on one seed; seed noise not measured"
+    seeds = len(test["p_per_seed"])
+    if seeds < VERDICT_SEEDS:
+        return f"{way} on {seeds} seeds; too few for a verdict ({VERDICT_SEEDS} at least)"
     if noise:
         return "yes (within seed noise: not worse)" if at_least else \
             f"within seed noise{' (reversed)' if behind else ''}"
@@ -404,7 +411,8 @@ def table(args):
     lines += model_rows(runs, models, seeds, baseline, summary["models"])
     lines += per_run_lines(runs, models, seeds, args.source_dependence, summary)
     lines += ["", f"The papers' claims (verdict on tok-lc BLEU: beyond seed noise where the {LEVEL_PCT} CI over seeds "
-              "and sentences excludes 0, within seed noise where it includes 0):", ""]
+              "and sentences excludes 0, within seed noise where it includes 0; none on fewer than "
+              f"{VERDICT_SEEDS} seeds):", ""]
     lines += claim_rows(runs, models, seeds, summary["claims"])
     if args.split_src:  # e.g. runs trained on short pairs: the sentences within and beyond the training lengths
         n, note = args.split_at, f" ({args.split_note})" if args.split_note else ""
