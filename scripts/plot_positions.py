@@ -33,9 +33,9 @@ What is drawn (positions are fairseq's: position i is the (i+1)-th token of a se
   averaged over heads. With --relative-add-absolute-positions the absolute embedding gets its figure too.
 - Schemes inside self-attention (``LABEL_t5.png``, ``LABEL_alibi.png``, ``LABEL_kerple.png``, ``LABEL_fire.png``,
   ``LABEL_rope.png``): the term each adds to the logit of query i and key j, by distance j − i, one line per head,
-  one panel per stack (the decoder's: the past only): T5's learned bias β_h[bucket(j − i)], ALiBi's −m_h·|j − i|,
-  KERPLE's −r1_h·log(1 + r2_h·|j − i|) and FIRE's f_θ (the modules' own ``score_bias``; FIRE's depends on the
-  query's position too, drawn at i = --positions − 1);
+  one panel per stack (the decoder's: the past only): T5's learned bias β_h[bucket(j − i)], ALiBi's
+  −m_h·|j − i|, KERPLE's −r1_h·log(1 + r2_h·|j − i|) and FIRE's f_θ (the modules' own ``score_bias``; FIRE's
+  depends on the query's position too, drawn at i = --positions − 1);
   for RoPE, which adds no term but rotates q and k, the first layer's logit between a word's query and the same
   word's key at distance j − i, averaged over the vocabulary (its input is the word's scaled embedding alone),
   and beside it the rotation alone, the mean over frequencies of cos((j − i)·θ_p). SHAPE (a shifted sinusoid,
@@ -466,6 +466,12 @@ def _mark_for(side, train_max_len):
     return train_max_len[0] if side == "source" else train_max_len[1]
 
 
+def _distance_marks(mark, causal=False):
+    """Where a sentence of mark tokens ends on a distance axis: ±(mark − 1), the past only for a causal stack;
+    larger distances were never seen in training."""
+    return (-(mark - 1),) if causal else (-(mark - 1), mark - 1)
+
+
 def _marker_note(train_max_len):
     if train_max_len is None:
         return ""
@@ -683,7 +689,7 @@ def attention_figure(model, label, num_positions, train_max_len, out):
             ax.plot(x, values.mean(0).numpy(), "k-", lw=1.6, label="mean over heads")
         mark = _mark_for("source" if entry["part"] == "encoder" else "target", train_max_len)
         if mark is not None:  # the longest training sentence: distances beyond ±(len − 1) were never seen
-            for d in (-(mark - 1), mark - 1) if not entry["causal"] else (-(mark - 1),):
+            for d in _distance_marks(mark, entry["causal"]):
                 ax.axvline(d, color="k", lw=0.8, ls="--")
         ax.set_title(f"{entry['part']} self-attention" + (" (past only)" if entry["causal"] else ""), fontsize=8)
         ax.set_xlabel("distance j − i (key − query)", fontsize=7)
@@ -728,7 +734,8 @@ NEIGHBOURS = "angle between p_i and p_{i+1} (degrees)"
 def headline(model, num_positions):
     """What the compare figure shows for one model (encoder side), a dict: ``kind``, ``sim`` (heatmap), ``title``,
     ``origin`` and ``axis`` (the heatmap's first index and axis name), ``side`` (for the training-length mark;
-    None: no positions on the axes), ``distances`` (the axes are distances j − i: the mark at ± length − 1), ``profile`` [(x, y, label, style)], ``px``, ``py`` (its axis labels)."""
+    None: no positions on the axes), ``distances`` (the axes are distances j − i: the mark at ± length − 1),
+    ``profile`` [(x, y, label, style)], ``px``, ``py`` (its axis labels)."""
     import torch
 
     kind = scheme(model)
@@ -812,8 +819,7 @@ def compare_figure(models, labels, num_positions, train_max_len, out):
             bottom.axis("off")
             continue
         mark = _mark_for(h["side"], train_max_len) if h["side"] else None
-        # on a distance axis the longest training sentence ends at ±(its length − 1): larger distances were unseen
-        at = [] if mark is None else [-(mark - 1), mark - 1] if h.get("distances") else [mark - 0.5]
+        at = [] if mark is None else _distance_marks(mark) if h.get("distances") else [mark - 0.5]
         if "lines" in h:  # a scheme inside attention: its logit term by distance, one line per head
             for x, y, line, style in h["lines"]:
                 top.plot(x, y.numpy(), style, lw=0.9, alpha=0.8, label=line)
