@@ -4,6 +4,9 @@
   # one finished run: its evaluated checkpoint and the study's data directory (bin/, spm.model, raw/test.*)
   scripts/length_probe.py score --data data/multi30k_study_ende --checkpoint CKPT_DIR/t5.seed1/average.pt \
       --name t5.seed1 --model t5 --out results/multi30k_study/runs/t5.seed1.probe.json
+  # the same run decoded unlike it was trained (RoPE scaled at decode time), named apart
+  scripts/length_probe.py score ... --name rope_yarn.seed1 --model-overrides \
+      "{'rope_scaling': 'yarn', 'rope_scaling_factor': 4.0, 'rope_original_length': 33}"
   # mean ± std over seeds, per model and bucket, of the probe results in RUNS (MODEL.seedS.probe.json)
   scripts/length_probe.py table --runs results/multi30k_study/runs --models "transformer t5" --seeds "1 2 3" \
       --out results/multi30k_study/probe_table.md
@@ -186,9 +189,10 @@ def decode(args, probes, tmp):
                     "--destdir", os.path.join(tmp, "bin"), "--workers", "1"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {**os.environ, "SRC": args.src, "TGT": args.tgt, "BEAM": str(args.beam), "LENPEN": str(args.lenpen)}
+    overrides = ["--model-overrides", args.model_overrides] if args.model_overrides else []
     proc = subprocess.run(["bash", "scripts/generate.sh", tmp, os.path.abspath(args.checkpoint), "test",
                            os.path.join(tmp, "probe.json"), "--max-len-a", str(MAX_LEN_A), "--max-len-b",
-                           str(MAX_LEN_B)], cwd=REPO, env=env, capture_output=True, text=True)
+                           str(MAX_LEN_B), *overrides], cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         fail(f"decoding failed: {(proc.stderr.strip().splitlines() or ['(no message)'])[-1]}")
     seconds, after = time.time() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -264,7 +268,8 @@ def score(args):
         "probes": len(probes), "longest_probe_source": longest_probe,
         "test_sentences": test_sentences, "stride": test_sentences // args.per_k,
         "decoding": {"beam": args.beam, "lenpen": args.lenpen, "max_len_a": MAX_LEN_A, "max_len_b": MAX_LEN_B,
-                     "max_source_positions": max_src, "max_target_positions": max_tgt},
+                     "max_source_positions": max_src, "max_target_positions": max_tgt,
+                     **({"model_overrides": args.model_overrides} if args.model_overrides else {})},
         "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1), "bleu_tok_lc_method": METHOD_LOWERCASE,
         "hypotheses": os.path.basename(base + ".hyp"), "buckets": buckets, "by_k": by_k,
     }
@@ -339,6 +344,13 @@ def table(args):
         lines += [f"Training targets with more than one sentence: {spread} (joined pairs "
                   "up to the cap): several sentences in one input are in the training distribution, and the "
                   "buckets past 1× are positions the models never saw.", ""]
+    notes = []  # a model decoded unlike it was trained (a RoPE scaled at decode time) says how
+    for model in models:
+        kinds = sorted({r["decoding"].get("model_overrides") or "none" for r in results.get(model, {}).values()})
+        if kinds and kinds != ["none"]:
+            notes.append(f"{model}: {' or '.join(kinds)}")
+    if notes:
+        lines += ["Decoded with --model-overrides: " + "; ".join(notes) + ".", ""]
     capped = sum(b["at_max_len"] for r in runs for b in r["buckets"])
     lines.append(f"Outputs that reached the length cap: {capped} of {sum(r['probes'] for r in runs)}. "
                  f"Probe seconds per run: {min(r['seconds'] for r in runs):.0f}–{max(r['seconds'] for r in runs):.0f}.")
@@ -426,6 +438,10 @@ def main():
                    help="k grows until --per-k probes are longer than this many times the longest training source")
     s.add_argument("--max-k", type=int, default=60, help="refuse to join more sentences than this")
     s.add_argument("--edges", default="1,1.5,2,3", help="bucket edges, multiples of the longest training source")
+    s.add_argument("--model-overrides", metavar="DICT",
+                   help="fairseq-generate's --model-overrides for the decoding, recorded in the result: e.g. a RoPE "
+                        "model scaled at decode time, \"{'rope_scaling': 'yarn', 'rope_scaling_factor': 4.0, "
+                        "'rope_original_length': 33}\" (name the run apart: --name rope_yarn.seed1)")
     s.add_argument("--out", required=True, help="the probe result, e.g. runs/MODEL.seedS.probe.json")
     s.set_defaults(func=score)
     t = sub.add_parser("table", help="mean ± std over seeds per model and bucket")

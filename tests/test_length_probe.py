@@ -141,6 +141,34 @@ def test_the_decoding_is_generate_sh_s(trained, tmp_path):
     assert hyps[:4] == [test[j * stride] for j in range(4)]
 
 
+@pytest.mark.slow  # a RoPE model trained, then the probe and generate.sh
+def test_model_overrides_reach_the_decoding(trained, tmp_path):
+    """--model-overrides (a RoPE scaled at decode time) is fairseq-generate's: the k = 1 probes are what generate.sh
+    gives on test with the same overrides, the result records them, and a bad value is the model's own refusal."""
+    data, _ = trained
+    run1(train_cmd(data, tmp_path / "rope", "rope_transformer_tiny", "--encoder-layers", "1", "--decoder-layers",
+                   "1", max_update=8))
+    checkpoint = tmp_path / "rope" / "checkpoint_last.pt"
+    overrides = "{'rope_scaling': 'linear', 'rope_scaling_factor': 4.0}"
+    out = tmp_path / "rope_linear.seed1.probe.json"
+    # one probe per test sentence (k = 1 only): the test set itself, in the same batches as generate.sh's, so
+    # that the outputs' length cap (from the batch's longest source) is the same too
+    sentences = len((data / "raw" / "test.src").read_text(encoding="utf-8").splitlines())
+    one_each = ("--per-k", str(sentences), "--beyond", "0.01")
+    run1(probe_cmd(data, checkpoint, out, *one_each, "--model-overrides", overrides))
+    assert json.loads(out.read_text())["decoding"]["model_overrides"] == overrides
+    hyps = (tmp_path / "rope_linear.seed1.probe.hyp").read_text(encoding="utf-8").splitlines()
+    run(["bash", "scripts/generate.sh", str(data), str(checkpoint), "test", str(tmp_path / "test.json"),
+         "--max-len-a", "2", "--max-len-b", "10", "--model-overrides", overrides],
+        env_extra={"SRC": "src", "TGT": "tgt", "BEAM": "5", "LENPEN": "1", "OMP_NUM_THREADS": "1"})
+    assert hyps == (tmp_path / "test.hyp").read_text(encoding="utf-8").splitlines()
+    bad = run1(probe_cmd(data, checkpoint, tmp_path / "bad.probe.json", *one_each,
+                         "--model-overrides", "{'rope_scaling': 'cubic'}"), check=False)
+    assert bad.returncode != 0 and bad.stdout.strip().splitlines()[-1].startswith(
+        "length_probe.py: decoding failed: ") and "--rope-scaling must be one of" in bad.stdout
+    assert not (tmp_path / "bad.probe.json").exists()
+
+
 @pytest.mark.parametrize("change, message", [
     ({"checkpoint": "missing.pt"}, "length_probe.py: --checkpoint: missing.pt not found"),
     ({"data": "nowhere"}, "length_probe.py: --data: nowhere/spm.model not found"),
@@ -194,6 +222,13 @@ def test_table_mean_and_std_over_seeds(tmp_path):
     joined = run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
                   "--seeds", "1 2"]).stdout
     assert "Trained on single sentences" not in joined
+    assert "--model-overrides" not in joined  # every run decoded as it was trained
+    scaled = fake_result("rope.seed1", "rope", [30, 20, 10], [1, 1, 1], multi=0.275)
+    scaled["decoding"]["model_overrides"] = "{'rope_scaling': 'ntk', 'rope_scaling_factor': 4.0}"
+    (runs / "rope.seed1.probe.json").write_text(json.dumps(scaled))
+    noted = run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
+                 "--seeds", "1 2"]).stdout
+    assert "Decoded with --model-overrides: rope: {'rope_scaling': 'ntk', 'rope_scaling_factor': 4.0}." in noted
     assert "Training targets with more than one sentence: 27.5% (joined pairs up to the cap)" in joined
     (runs / "rope.seed1.probe.json").write_text(json.dumps(fake_result("rope.seed1", "rope", [1, 1, 1], [1, 1, 1],
                                                                        longest=30)))
