@@ -126,6 +126,14 @@ def test_score_a_finished_run(trained, tmp_path):
     assert not list(tmp_path.rglob("*.tmp")) and not list((tmp_path / "runs").glob(".*"))
 
 
+def generate_sh_test(data, checkpoint, folder, *extra):
+    """The test set's hypotheses from scripts/generate.sh with the probe's decoding settings (and extra args)."""
+    run(["bash", "scripts/generate.sh", str(data), str(checkpoint), "test", str(folder / "test.json"),
+         "--max-len-a", "2", "--max-len-b", "10", *extra],
+        env_extra={"SRC": "src", "TGT": "tgt", "BEAM": "5", "LENPEN": "1", "OMP_NUM_THREADS": "1"})
+    return (folder / "test.hyp").read_text(encoding="utf-8").splitlines()
+
+
 @pytest.mark.slow  # the probe and generate.sh, each decoding in its own processes
 def test_the_decoding_is_generate_sh_s(trained, tmp_path):
     """The k = 1 probes are test sentences: their hypotheses are what scripts/generate.sh gives on test."""
@@ -133,10 +141,7 @@ def test_the_decoding_is_generate_sh_s(trained, tmp_path):
     out = tmp_path / "p.probe.json"
     run1(probe_cmd(data, checkpoint, out, "--per-k", "4", "--beyond", "1"))
     hyps = (tmp_path / "p.probe.hyp").read_text(encoding="utf-8").splitlines()
-    run(["bash", "scripts/generate.sh", str(data), str(checkpoint), "test", str(tmp_path / "test.json"),
-         "--max-len-a", "2", "--max-len-b", "10"], env_extra={"SRC": "src", "TGT": "tgt", "BEAM": "5", "LENPEN": "1",
-                                                             "OMP_NUM_THREADS": "1"})
-    test = (tmp_path / "test.hyp").read_text(encoding="utf-8").splitlines()
+    test = generate_sh_test(data, checkpoint, tmp_path)
     stride = len(test) // 4
     assert hyps[:4] == [test[j * stride] for j in range(4)]
 
@@ -158,10 +163,7 @@ def test_model_overrides_reach_the_decoding(trained, tmp_path):
     run1(probe_cmd(data, checkpoint, out, *one_each, "--model-overrides", overrides))
     assert json.loads(out.read_text())["decoding"]["model_overrides"] == overrides
     hyps = (tmp_path / "rope_linear.seed1.probe.hyp").read_text(encoding="utf-8").splitlines()
-    run(["bash", "scripts/generate.sh", str(data), str(checkpoint), "test", str(tmp_path / "test.json"),
-         "--max-len-a", "2", "--max-len-b", "10", "--model-overrides", overrides],
-        env_extra={"SRC": "src", "TGT": "tgt", "BEAM": "5", "LENPEN": "1", "OMP_NUM_THREADS": "1"})
-    assert hyps == (tmp_path / "test.hyp").read_text(encoding="utf-8").splitlines()
+    assert hyps == generate_sh_test(data, checkpoint, tmp_path, "--model-overrides", overrides)
     bad = run1(probe_cmd(data, checkpoint, tmp_path / "bad.probe.json", *one_each,
                          "--model-overrides", "{'rope_scaling': 'cubic'}"), check=False)
     assert bad.returncode != 0 and bad.stdout.strip().splitlines()[-1].startswith(
