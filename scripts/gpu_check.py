@@ -1,26 +1,28 @@
 """What a machine with one GPU must show before anything GPU-only becomes a default: writes results/gpu_check.md.
 
 Made for a lease of 15 minutes of device time (machine start included, at most 10 minutes a command). The default
-call is at most 8.5 minutes of checks, ≤ 9.6 minutes with the set-up (50 s on an H100): five sections whose
-caps add up to 510 s, and preparing data/toy if it is missing (~10 s, capped at 30 s). ``--calibrate`` is a
-second, optional call of at most 9 minutes. The sections, in priority order, each in its own process (this
-script with ``--section NAME``) that is killed, with everything it started, at its cap (``--cap NAME=SECONDS``):
+call runs the correctness sections a, b and c: at most 8 minutes of checks (caps 480 s), ≤ 9.7 minutes with the
+set-up (78 s on an H100) and data/toy's preparation (~20 s, capped at 30 s). The speed sections d and e are a
+second call, ``--sections bench,fused`` (≤ 5.7 minutes), on the same machine if the lease has time left, else in
+the next one; ``--calibrate`` is another, optional call of at most 9 minutes. The sections, in priority order,
+each in its own process (this script with ``--section NAME``) that is killed, with everything it started, at its
+cap (``--cap NAME=SECONDS``):
 
 a. ``machine`` (20 s): GPU, driver, CUDA, torch, Python.
-b. ``floater_graph`` (70 s): FLOATER's CUDA-graph solve (``--floater-cuda-graph``) against its step-by-step
+b. ``floater_graph`` (100 s): FLOATER's CUDA-graph solve (``--floater-cuda-graph``) against its step-by-step
    loop: the solve's values and gradients at 21, 100 and 200 positions; fairseq's Trainer with --update-freq 3 in
    fp32, --amp, --fp16 and --bf16 (the gradient the optimizer steps with, graph vs loop, and the buckets
    captured); at base dims, training steps at T = 32, 64, 128, 256 longest-first and shortest-first (gradient and
    loss, graph vs loop; buckets captured) and what the graphs add to ``torch.cuda.memory_reserved()`` (their
    pools included) against the bound of ``GRAPH_MEMORY_MARGIN``.
-c. ``precision`` (180 s): every arch × --fp16 / --bf16 / --amp, 100 updates on the toy task: the final training
+c. ``precision`` (360 s): every arch × --fp16 / --bf16 / --amp, 100 updates on the toy task: the final training
    loss against fp32's, and decoding (beam 4) of a fifth of the toy test set (100 sentences): hypotheses identical to fp32's, BLEU.
    ``--jobs`` runs at a time share the GPU (default one per CPU core), each training then decoding in one
    process, FLOATER's first.
-d. ``bench`` (70 s): scripts/bench.py --device cuda at T = 64 and 256: training update, decoding and peak memory
+d. ``bench`` (90 s): scripts/bench.py --device cuda at T = 64 and 256: training update, decoding and peak memory
    as ratios to fairseq's Transformer, for relative, FLOATER and FLOATER with --floater-cuda-graph
    (``floater_graph``); the full report is results/gpu_check_bench.md.
-e. ``fused`` (170 s): scripts/bench.py --device cuda at T = 64, 256 and 1024 for Shaw's, T5's and ALiBi's attention
+e. ``fused`` (250 s): scripts/bench.py --device cuda at T = 64, 256 and 1024 for Shaw's, T5's and ALiBi's attention
    on ``--attention-backend flex`` (FlexAttention, compiled: the first update of each length is the warm-up) and
    on today's path, beside fairseq's Transformer: training update and peak memory, with flex's goals (Shaw ≤ 1.10×,
    every score bias ≤ 1.05× the Transformer's update, peak memory ≤ 1.05×) in a table of their own: they decide
@@ -32,7 +34,8 @@ results/gpu_check.md and .json are written before the first section and rewritte
 section ends, with every section so far: a section that raises or exceeds its cap records its reason (the
 exception's last line, or "timed out after N s") beside the rows it had written, and the run goes on with the
 next one. The exit status is 1 if any section failed or any check is out of its bound (the verdict table).
-``--sections a,b`` runs some of them (e.g. again, in a second call).
+``--sections a,b`` runs some of them (``all``: every one), e.g. the second call or a section again; each call
+writes gpu_check.md in its ``--out-dir``, so a second call on the same checkout names another folder.
 
 ``--calibrate`` runs scripts/recipes/multi30k_study.sh at the literature's 8,000 updates (EPOCHS=62
 WARMUP=2000 AVG=10, DEVICE=cuda) for transformer, relative and floater, seed 1, the three side by side on the
@@ -72,23 +75,28 @@ DECODE_SHARDS = 5  # section c decodes shard 0 of 5: on an H100, 16 jobs at a ti
 TRAINER_MODES = {"fp32": [], "amp": ["--amp"], "fp16": ["--fp16", "--fp16-init-scale", "16"], "bf16": ["--bf16"]}
 
 # The sections in priority order: title and cap (seconds of wall time from the start of its process, imports
-# included). The caps add up to 510 s: with the toy data's preparation (DATA_CAP) and the set-up (50 s on an
-# H100 image), a default call stays within 9.6 minutes of a 15-minute lease (and under 10 minutes a command).
-# Sized from the first H100 run (results/gpu_check.md, gpu_check_rerun.md): b took 53 s, d 61 s, e 184 s (with
-# flex's recompiles), c 70-80 s a job with 16 side by side.
+# included). Sized from the third H100 run (results/gpu_check_notes.md), where the five took more than one
+# command: b needs over 70 s in a call's first CUDA process (61 s when run again); c is 60 jobs (15 archs × 4
+# modes), 62-98 s each with 16 side by side, about 300 s in all; d's and e's memory probes are a fresh process
+# each (e: 21, nine compiling flex). So the default call is a, b, c (480 s: with the set-up, 78 s there, and
+# the toy data, under 10 minutes a command) and d, e are a second call (340 s).
 SECTIONS = {
     "machine": ("a. Machine", 20),
-    "floater_graph": ("b. FLOATER's CUDA-graph solve against the loop", 70),
-    "precision": ("c. Every arch × precision on the toy task", 180),
-    "bench": ("d. Benchmark: FLOATER with and without CUDA graphs", 70),
-    "fused": ("e. Fused attention: Shaw, T5 and ALiBi on FlexAttention against today's path", 170),
+    "floater_graph": ("b. FLOATER's CUDA-graph solve against the loop", 100),
+    "precision": ("c. Every arch × precision on the toy task", 360),
+    "bench": ("d. Benchmark: FLOATER with and without CUDA graphs", 90),
+    "fused": ("e. Fused attention: Shaw, T5 and ALiBi on FlexAttention against today's path", 250),
 }
+FIRST_CALL = ("machine", "floater_graph", "precision")  # the default; the speed sections d, e: a second call
 # The dry run's caps: a small CPU machine shared with other work takes many times an H100's seconds (the dry run
 # itself is ~30 CPU-seconds, ~100 s of wall time on 2 cores under a load of 10; --calibrate --dry-run 2-6 minutes)
 DRY_CAPS = {"machine": 60, "floater_graph": 240, "precision": 300, "bench": 240, "fused": 300, "calibrate": 900}
 # e.'s goals for --attention-backend flex to become the default: its training update and peak memory as ratios to
 # fairseq's Transformer (issue 37); reported beside the verdict, not part of it (missing them keeps flex opt-in)
 FUSED_MODELS = ("relative", "t5", "alibi")
+# d.'s and e.'s peak-memory probes at a time, each a fresh process with its own CUDA context (third run: 4 at a
+# time left e without its timings at 160 s)
+MEMORY_WORKERS = 8
 FUSED_GOALS = {"relative": (1.10, 1.05), "t5": (1.05, 1.05), "alibi": (1.05, 1.05)}  # (train, memory)
 DATA_CAP = 30  # preparing data/toy when it is missing (make_toy_data.py + prepare_bitext.sh; ~10 s)
 CALIBRATE_CAP = 510  # the recipe and its runs are killed here: the call ends before 9 minutes
@@ -506,7 +514,7 @@ def section_bench(ctx, rows):
                  "--models", "floater,floater_graph"]
     else:
         args += ["--lengths", "64,256", "--models", "relative,floater,floater_graph", "--reps", "5",
-                 "--decode-reps", "2", "--memory-reps", "1", "--memory-workers", "4"]
+                 "--decode-reps", "2", "--memory-reps", "1", "--memory-workers", str(MEMORY_WORKERS)]
     run_bench(rows, args, out_json, out_md, decode_ratio="decode_ratio", graph_buckets="graph_buckets")
 
 
@@ -545,7 +553,7 @@ def section_fused(ctx, rows):
     else:  # the first update at each length compiles the kernels: the warm-up
         # one profiled update per model at T = 256: where flex's time goes (the second run: 2.6-5.8x today's)
         args += ["--lengths", "64,256,1024", "--reps", "3", "--warmup", "1", "--memory-reps", "1",
-                 "--memory-workers", "4", "--profile-length", "256"]
+                 "--memory-workers", str(MEMORY_WORKERS), "--profile-length", "256"]
     run_bench(rows, args, out_json, out_md, compiled_timed="compiled_graphs_timed")
 
 
@@ -820,6 +828,9 @@ def markdown(report) -> str:
               f"Sections in order, each in its own process killed at its cap: {caps}. "
               f"{len(done)} of {len(report['selected'])} done; wall time so far {report['seconds'] / 60:.1f} min"
               + (f" (toy data: {report['data']})" if report.get("data") else "") + "."]
+    if tuple(report["selected"]) == FIRST_CALL:
+        lines += ["", "The speed sections d and e are a second call: `scripts/gpu_check.sh --sections bench,fused "
+                      "--out-dir DIR` (another folder, or it replaces this report)."]
     for name in report["selected"]:
         lines += ["", f"## {SECTIONS[name][0]}", ""]
         s = report["sections"].get(name)
@@ -1096,8 +1107,9 @@ def main(argv=None):
     p.add_argument("--data", help="a binarized toy task (default: data/toy, prepared if missing)")
     p.add_argument("--jobs", type=int, default=None,
                    help="precision runs at a time (default: one per CPU core on the GPU, 2 in a dry run)")
-    p.add_argument("--sections", default=",".join(SECTIONS),
-                   help=f"comma-separated, run in the order of {', '.join(SECTIONS)} (default: all)")
+    p.add_argument("--sections", default=",".join(FIRST_CALL),
+                   help=f"comma-separated, run in the order of {', '.join(SECTIONS)}, or all (default: "
+                        f"{','.join(FIRST_CALL)}; the second call: bench,fused)")
     p.add_argument("--cap", action="append", default=[], metavar="NAME=SECONDS",
                    help="a section's time cap (defaults: " + ", ".join(f"{n} {c}" for n, (_, c) in SECTIONS.items())
                         + f"; calibrate {CALIBRATE_CAP}; --dry-run: "
@@ -1127,9 +1139,10 @@ def main(argv=None):
     try:
         args.caps = parse_caps(args.cap)
         selected = [s.strip() for s in args.sections.split(",") if s.strip()]
+        selected = list(SECTIONS) if selected == ["all"] else selected
         unknown = [s for s in selected if s not in SECTIONS]
         if unknown or not selected:
-            raise CheckError(f"--sections {args.sections}: expected some of {','.join(SECTIONS)}")
+            raise CheckError(f"--sections {args.sections}: expected some of {','.join(SECTIONS)}, or all")
         selected = [s for s in SECTIONS if s in selected]
         if args.jobs is not None and args.jobs < 1:
             raise CheckError(f"--jobs {args.jobs}: expected a positive number")

@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# One command for a machine with one GPU, sized for a 15-minute lease (at most 10 minutes a command): FLOATER's
+# The commands for a machine with one GPU, sized for a 15-minute lease (at most 10 minutes a command): FLOATER's
 # CUDA-graph solve against its loop on real CUDA, every arch in every precision mode on the toy task, and the
-# benchmark; writes results/gpu_check.md (+ .json, gpu_check_bench.md) after each section. Commit them.
-#   bash scripts/gpu_check.sh              on the GPU machine: ≤ 8.5 min of checks (≤ 9.6 min with the set-up)
-#   bash scripts/gpu_check.sh --calibrate  a second, optional call (≤ 9 min): Multi30k at the literature's
-#                                          8,000 updates, transformer/relative/floater side by side on the GPU;
+# benchmarks; each writes gpu_check.md (+ .json; the benchmarks' reports beside it) in --out-dir after each section.
+#   bash scripts/gpu_check.sh              on the GPU machine, the correctness sections: ≤ 8 min of checks (≤ 9.7
+#                                          min with the set-up)
+#   bash scripts/gpu_check.sh --sections bench,fused --out-dir DIR
+#                                          the speed sections, a second call (≤ 5.7 min), same machine or next lease
+#   bash scripts/gpu_check.sh --calibrate  an optional call (≤ 9 min): Multi30k at the literature's 8,000 updates,
+#                                          transformer/relative/floater side by side on the GPU;
 #                                          writes results/gpu_check_calibrate.md (+ .json)
 #   bash scripts/gpu_check.sh --dry-run    on CPU at the smallest sizes (CUDA graphs emulated): checks the script
 # Sections in priority order, each in its own process killed at its cap (--cap NAME=SECONDS): a. machine 20 s,
-# b. floater_graph 70 s (graph vs loop: solve, Trainer with --update-freq 3 in fp32/amp/fp16/bf16, buckets in
-# both orders, memory_reserved against its bound), c. precision 180 s (every arch × fp16/bf16/amp, 100 updates),
-# d. bench 70 s (T = 64, 256; FLOATER with and without --floater-cuda-graph), e. fused 170 s (Shaw, T5, ALiBi on
+# b. floater_graph 100 s (graph vs loop: solve, Trainer with --update-freq 3 in fp32/amp/fp16/bf16, buckets in
+# both orders, memory_reserved against its bound), c. precision 360 s (every arch × fp16/bf16/amp, 100 updates),
+# d. bench 90 s (T = 64, 256; FLOATER with and without --floater-cuda-graph), e. fused 250 s (Shaw, T5, ALiBi on
 # --attention-backend flex vs today's path, T = 64, 256, 1024); --calibrate 510 s. A section that
 # fails or times out is reported with its reason and the next one runs; the exit status is 1 if any did or any
-# check is out of bounds. Other flags: --sections, --out-dir DIR, --data BIN_DIR, --jobs N, --models, --multi30k
-# (scripts/gpu_check.py --help).
+# check is out of bounds. Other flags: --sections (or all), --out-dir DIR, --data BIN_DIR, --jobs N, --models,
+# --multi30k (scripts/gpu_check.py --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # On a bare GPU image (Python and torch, nothing else, no package index): set up offline from the carried
