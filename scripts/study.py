@@ -44,7 +44,7 @@ def tabulate(args):
     import result_paths
 
     models, seeds = study.every_run(args.runs, args.models.split(), args.seeds.split())
-    args.models, args.seeds = " ".join(models), " ".join(map(str, seeds))
+    args.asked_seeds, args.models, args.seeds = args.seeds, " ".join(models), " ".join(map(str, seeds))
     study.table(args)
     src, tgt = args.pair.split("-")
     length_probe.table(argparse.Namespace(runs=args.runs, models=args.models, seeds=args.seeds,

@@ -44,3 +44,14 @@ def test_any_scheme_of_the_table_runs_by_name(corpus, first_run, tmp_path):
     study(corpus, tmp_path, MODELS="rope", SEEDS="1 2", TABLES_ONLY="1")
     assert "**PARTIAL: 3 of 6 runs done** (seeds done: transformer 1/2, learned 1/2, rope 1/2)" in (
         tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+
+    # a model run at more seeds than the others (FLOATER's own share at 5 seeds): each model is expected at the
+    # seeds asked for and at its own, not at every other model's, so the others' rows stay complete
+    extra = json.loads((runs / "transformer.seed1.json").read_text())
+    (runs / "transformer.seed2.hyp").write_text((runs / "transformer.seed1.hyp").read_text())
+    (runs / "transformer.seed2.json").write_text(json.dumps({**extra, "seed": 2, "hypotheses": "transformer.seed2.hyp"}))
+    study(corpus, tmp_path, MODELS="rope", SEEDS="1", TABLES_ONLY="1")
+    more = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+    assert "PARTIAL" not in more
+    assert {r.split(" | ")[0]: r.split(" | ")[1] for r in more.splitlines() if re.match(r"\| \w+ \| \d+/\d+ \|", r)} == {
+        "| transformer": "2/2", "| learned": "1/1", "| rope": "1/1"}

@@ -318,7 +318,7 @@ def per_run_lines(runs, models, seeds, dep_dir, summary):
     return lines
 
 
-def model_rows(runs, models, seeds, baseline, summary_models):
+def model_rows(runs, models, seeds, baseline, summary_models, expect):
     lines = [f"| model | seeds | BLEU tok-lc | sacreBLEU | Δ tok-lc vs {baseline} | {LEVEL_PCT} CI, seeds + sentences | "
              "p, seeds + sentences | p, sentences only (per seed) |", "|---|---|---|---|---|---|---|---|"]
     for m in models:
@@ -326,7 +326,7 @@ def model_rows(runs, models, seeds, baseline, summary_models):
         tok = [runs[(m, s)]["bleu_tok_lc"] for s in have]
         sac = [runs[(m, s)]["bleu"] for s in have]
         entry = {"seeds": have, "bleu_tok_lc": tok, "bleu": sac}
-        cells = [m, f"{len(have)}/{len(seeds)}", mean_std(tok), mean_std(sac), "", "", "", ""]
+        cells = [m, f"{len(have)}/{len(expect[m])}", mean_std(tok), mean_std(sac), "", "", "", ""]
         if m != baseline and have:
             cmp = compare(runs, m, baseline, seeds)
             if cmp:
@@ -384,13 +384,18 @@ def table(args):
             if len(refs) != len(run["_hyps"]):
                 fail(f"--ref {args.ref} has {len(refs)} lines for {len(run['_hyps'])} hypotheses of {m} seed {s}")
             run["_refs"] = refs
-    expected = [(m, s) for m in models for s in seeds]
+    # each model is expected at the seeds asked for and at its own finished ones, not at every other model's (a
+    # model run at more seeds, as FLOATER's own share at 5, leaves the others' rows complete at 3); tabulate asks
+    # for the recipe's SEEDS and shows every finished run's
+    asked = [int(s) for s in getattr(args, "asked_seeds", args.seeds).split()]
+    expect = {m: sorted(set(asked) | {s for s in seeds if (m, s) in runs}) for m in models}
+    expected = [(m, s) for m in models for s in expect[m]]
     done = [k for k in expected if k in runs]
     baseline = args.baseline
     signatures = sorted({run["sacrebleu_signature"] for run in runs.values()}) or ["(no run yet)"]
     lines = []
     if len(done) < len(expected):
-        per_model = ", ".join(f"{m} {sum((m, s) in runs for s in seeds)}/{len(seeds)}" for m in models)
+        per_model = ", ".join(f"{m} {sum((m, s) in runs for s in expect[m])}/{len(expect[m])}" for m in models)
         lines += [f"**PARTIAL: {len(done)} of {len(expected)} runs done** (seeds done: {per_model}).", ""]
     lines += [f"Multi30k {args.pair} test_2016_flickr ({args.sentences} sentences); mean ± std over seeds. "
               f"tok-lc: {METHOD_LOWERCASE}; sacreBLEU: {', '.join(f'`{x}`' for x in signatures)}. "
@@ -408,7 +413,7 @@ def table(args):
                   "differs (its row below); the recorded run stays in the other comparisons.", ""]
     summary = {"models": {}, "claims": [], "expected_runs": len(expected), "done_runs": len(done),
                "samples": SAMPLES, "level": bootstrap.LEVEL, "bootstrap_seed": bootstrap.SEED}
-    lines += model_rows(runs, models, seeds, baseline, summary["models"])
+    lines += model_rows(runs, models, seeds, baseline, summary["models"], expect)
     lines += per_run_lines(runs, models, seeds, args.source_dependence, summary)
     lines += ["", f"The papers' claims (verdict on tok-lc BLEU: beyond seed noise where the {LEVEL_PCT} CI over seeds "
               "and sentences excludes 0, within seed noise where it includes 0; none on fewer than "
@@ -422,7 +427,7 @@ def table(args):
             entry = summary[key] = {"split_at": n, "sentences": count, "models": {}, "claims": []}
             lines += ["", f"The {count} test sentences whose source has {heading}: both metrics and the paired "
                       "bootstrap on them alone.", ""]
-            lines += model_rows(part, models, seeds, baseline, entry["models"])
+            lines += model_rows(part, models, seeds, baseline, entry["models"], expect)
             if longer:
                 lines += [""] + claim_rows(part, models, seeds, entry["claims"], f", sources > {n} words")
     text = "\n".join(lines) + "\n"
