@@ -44,8 +44,8 @@ def tabulate(args):
     import result_paths
 
     models, seeds = study.every_run(args.runs, args.models.split(), args.seeds.split())
-    args.asked_seeds, args.models, args.seeds = args.seeds, " ".join(models), " ".join(map(str, seeds))
-    study.table(args)
+    asked, args.models, args.seeds = args.seeds, " ".join(models), " ".join(map(str, seeds))
+    study.table(args, asked)
     src, tgt = args.pair.split("-")
     length_probe.table(argparse.Namespace(runs=args.runs, models=args.models, seeds=args.seeds,
                                           out=os.path.join(args.out, "probe_table.md"), data=args.probe_data,

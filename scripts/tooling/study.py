@@ -373,7 +373,8 @@ def claim_rows(runs, models, seeds, summary_claims, suffix=""):
     return lines
 
 
-def table(args):
+def table(args, asked=None):
+    """asked: the seeds every model is expected at (default: --seeds; tabulate shows more seeds than it asks for)"""
     if (args.split_src is None) != (args.split_at is None):
         fail("--split-src and --split-at go together (the test sources, and a length in source words)")
     models, seeds = args.models.split(), [int(s) for s in args.seeds.split()]
@@ -387,7 +388,7 @@ def table(args):
     # each model is expected at the seeds asked for and at its own finished ones, not at every other model's (a
     # model run at more seeds, as FLOATER's own share at 5, leaves the others' rows complete at 3); tabulate asks
     # for the recipe's SEEDS and shows every finished run's
-    asked = [int(s) for s in getattr(args, "asked_seeds", args.seeds).split()]
+    asked = [int(s) for s in (asked or args.seeds).split()]
     expect = {m: sorted(set(asked) | {s for s in seeds if (m, s) in runs}) for m in models}
     expected = [(m, s) for m in models for s in expect[m]]
     done = [k for k in expected if k in runs]
