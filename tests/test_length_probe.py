@@ -241,7 +241,7 @@ def test_table_mean_and_std_over_seeds(tmp_path):
         "test_sentences must agree): score them with the same data and settings"]
 
 
-def test_table_differences_to_the_transformer_per_bucket(trained, tmp_path):
+def test_table_differences_to_the_transformer_per_bucket(trained, tmp_path, monkeypatch, capsys):
     """With the runs' data, the table adds each model's mean per-seed BLEU difference to the transformer per bucket,
     from the hypotheses and the probes rebuilt from the data, with its interval over seeds and probes."""
     data, checkpoint = trained
@@ -263,12 +263,20 @@ def test_table_differences_to_the_transformer_per_bucket(trained, tmp_path):
         (runs / f"{name}.probe.hyp").write_text("".join(h + "\n" for h in lines), encoding="utf-8")
         (runs / f"{name}.probe.json").write_text(json.dumps({**first, "name": name, "hypotheses": f"{name}.probe.hyp"}))
 
-    def table(seeds, data_dir=data):
-        return run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models",
-                    "transformer relative", "--seeds", seeds, "--data", str(data_dir), "--src", "src", "--tgt", "tgt"],
-                   check=False)
+    def table(seeds):
+        """The table's output, or its refusal; in this process, not a new one: the data's probes are rebuilt with
+        fairseq's reader, whose import is most of a table's cost."""
+        monkeypatch.setattr(sys, "argv", ["length_probe.py", "table", "--runs", str(runs), "--models",
+                                          "transformer relative", "--seeds", seeds, "--data", str(data),
+                                          "--src", "src", "--tgt", "tgt"])
+        try:
+            length_probe.main()
+        except SystemExit as refusal:
+            assert capsys.readouterr().out == ""  # the refusal alone, no part of a table
+            return refusal.code
+        return capsys.readouterr().out
 
-    out = table("1 2").stdout.split("**Δ BLEU tok-lc against transformer**")[1]
+    out = table("1 2").split("**Δ BLEU tok-lc against transformer**")[1]
     row = next(line for line in out.splitlines() if line.startswith("| relative | 2 |"))
     cells = [c.strip() for c in row.strip("|").split("|")][2:]
     assert len(cells) == len(first["buckets"])
@@ -284,13 +292,12 @@ def test_table_differences_to_the_transformer_per_bucket(trained, tmp_path):
         value, interval = cell.split(" ", 1)
         low, high = (float(x) for x in interval.strip("[]").split(","))
         assert float(value) == pytest.approx(effect, abs=0.006) and low <= float(value) <= high
-    one = table("1").stdout.split("**Δ BLEU tok-lc against transformer**")[1]
+    one = table("1").split("**Δ BLEU tok-lc against transformer**")[1]
     assert "| relative | 1 | " in one and "(one seed)" in one
     # data the runs were not probed on: one line, not a table
     for name in hyps:
         path = runs / f"{name}.probe.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "train_longest_source": longest + 1}))
-    bad = table("1 2")
-    assert bad.returncode != 0 and bad.stdout.strip().splitlines() == [
+    assert table("1 2") == (
         f"length_probe.py: --data {data}: its probes (k = 1..{max(first['ks'])}, longest training source {longest}) "
-        f"are not the runs' (k = 1..{max(first['ks'])}, {longest + 1}): give the runs' data"]
+        f"are not the runs' (k = 1..{max(first['ks'])}, {longest + 1}): give the runs' data")
