@@ -72,7 +72,7 @@ def test_study_end_to_end_and_rerun_skips(corpus, first_run, tmp_path):
     for model in MODELS:
         for seed in SEEDS:
             probe = json.loads((results / "runs" / f"{model}.seed{seed}.probe.json").read_text())
-            assert probe["name"] == f"{model}.seed{seed}" and probe["model"] == model
+            assert probe["name"] == f"{model}.seed{seed}" and probe["model"] == model and probe["per_k"] == 5
             assert probe["checkpoint"].endswith(f"{model}.seed{seed}/average.pt") and probe["buckets"][-1]["probes"]
             assert len((results / "runs" / f"{model}.seed{seed}.probe.hyp").read_text().splitlines()) == probe["probes"]
     probe_table = (results / "probe_table.md").read_text(encoding="utf-8")
@@ -165,6 +165,7 @@ def test_a_run_another_study_process_holds_is_left_to_it(corpus, tmp_path):
     ({"AVG": "3"}, "AVG=3: expected at most EPOCHS=1 checkpoints to average"),
     ({"TABLES_ONLY": "yes"}, "TABLES_ONLY=yes: expected 1 (or unset)"),
     ({"PROBE": "no"}, "PROBE=no: expected 1 (the length probe after each run) or 0 (none)"),
+    ({"PROBE_PER_K": "0"}, "PROBE_PER_K=0: expected a positive integer"),
     ({"MULTI30K_DIR": "/nonexistent"}, "MULTI30K_DIR=/nonexistent lacks train.en "
                                        "(expected train, val, test_2016_flickr .en/.de)"),
 ])

@@ -55,16 +55,18 @@
 # (git archive HEAD | tar -x -C SNAP; CODE_VERSION=<commit> DATA_DIR=... CKPT_ROOT=... OUT_DIR=... absolute).
 #
 # PROBE=0 leaves the probe out (gpu_check.py's dry run of the calibration: its untrained models' outputs run to the
-# length cap, and it reads only each run's BLEU).
+# length cap, and it reads only each run's BLEU). PROBE_PER_K (20) is the probe's --per-k: probes per k, from that
+# many starting points; the probe table refuses runs probed with different values.
 #
 # Variables: PAIR (en-de), MODELS, SEEDS (1 2 3), EPOCHS (8), WARMUP (500 updates: with 250 the transformer failed
 # on seed 3, results/multi30k_study/probe.md), LR (0.005), FT_EPOCHS (3), FT_WARMUP (50), AVG (3), FT_AVG (2),
 # VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
 # DEVICE (cpu, the default; cuda: training and decoding on the GPU, JOBS runs sharing it; not part of the recipe),
-# MAX_TRAIN_LEN, MAX_TRAIN_TOKENS, JOIN_TRAIN, EDGES, ALL_LENGTHS_RUNS, SHAPE_K, TABLES_ONLY, PROBE (1), MULTI30K_DIR
-# (../shared/data/multi30k); DATA_DIR, CKPT_ROOT, OUT_DIR (default data/multi30k_study_SRCTGT[_lenN|_tokN[_joined]],
-# checkpoints/multi30k_study[_lenN|_tokN[_joined]], results/multi30k_study[/lenN|/tokN[_joined]]). A finished run records the
-# recipe; asking for another recipe is an error.
+# MAX_TRAIN_LEN, MAX_TRAIN_TOKENS, JOIN_TRAIN, EDGES, ALL_LENGTHS_RUNS, SHAPE_K, TABLES_ONLY, PROBE (1),
+# PROBE_PER_K (20), MULTI30K_DIR (../shared/data/multi30k); DATA_DIR, CKPT_ROOT, OUT_DIR (default
+# data/multi30k_study_SRCTGT[_lenN|_tokN[_joined]], checkpoints/multi30k_study[_lenN|_tokN[_joined]],
+# results/multi30k_study[/lenN|/tokN[_joined]]). A finished run records the recipe; asking for another recipe is an
+# error.
 set -euo pipefail
 
 main() {
@@ -80,7 +82,7 @@ VOCAB=${VOCAB:-10000} MAX_TOKENS=${MAX_TOKENS:-4096} BEAM=${BEAM:-5} LENPEN=${LE
 JOBS=${JOBS:-1} THREADS=${THREADS:-1}
 DEVICE=${DEVICE:-cpu}
 MAX_TRAIN_LEN=${MAX_TRAIN_LEN:-} MAX_TRAIN_TOKENS=${MAX_TRAIN_TOKENS:-} JOIN_TRAIN=${JOIN_TRAIN:-} SHAPE_K=${SHAPE_K:-50}
-EDGES=${EDGES:-1,10,15,20,inf}
+EDGES=${EDGES:-1,10,15,20,inf} PROBE_PER_K=${PROBE_PER_K:-20}
 MODEL_ARGS=${MODEL_ARGS:-"--encoder-layers 4 --decoder-layers 4 --encoder-embed-dim 128 --decoder-embed-dim 128 \
 --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 --encoder-attention-heads 4 --decoder-attention-heads 4"}
 MULTI30K_DIR=${MULTI30K_DIR:-../shared/data/multi30k}
@@ -90,7 +92,7 @@ CKPT_ROOT=${CKPT_ROOT:-checkpoints/multi30k_study$suffix}
 OUT=${OUT_DIR:-results/multi30k_study${suffix:+/${suffix#_}}}
 
 # --- check every input before anything is written
-for v in EPOCHS WARMUP FT_EPOCHS FT_WARMUP AVG FT_AVG VOCAB MAX_TOKENS BEAM JOBS THREADS SHAPE_K \
+for v in EPOCHS WARMUP FT_EPOCHS FT_WARMUP AVG FT_AVG VOCAB MAX_TOKENS BEAM JOBS THREADS SHAPE_K PROBE_PER_K \
     ${MAX_TRAIN_LEN:+MAX_TRAIN_LEN} ${MAX_TRAIN_TOKENS:+MAX_TRAIN_TOKENS}; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v=${!v}: expected a positive integer"
 done
@@ -270,7 +272,7 @@ copy() { cp "$1" "$2.tmp" && mv "$2.tmp" "$2"; }
 probe() {  # RUN_DIR MODEL NAME OUT: the length probe of the run's evaluated checkpoint (its log: RUN_DIR/train.log)
   echo "== $3: length probe" >> "$1/train.log"
   python scripts/length_probe.py score --data "$DATA" --checkpoint "$1/average.pt" --model "$2" --name "$3" \
-    --src "$SRC" --tgt "$TGT" --beam "$BEAM" --lenpen "$LENPEN" --out "$4" >> "$1/train.log" 2>&1 ||
+    --src "$SRC" --tgt "$TGT" --beam "$BEAM" --lenpen "$LENPEN" --per-k "$PROBE_PER_K" --out "$4" >> "$1/train.log" 2>&1 ||
     { echo "== $3: length probe failed; last lines of $1/train.log:" >&2; tail -3 "$1/train.log" >&2; return 1; }
 }
 
