@@ -40,8 +40,8 @@ KNOWN_SYNCS = {
 class Results:
     """Each group of scenarios run in a child process of its own on first use (the guard library must load before
     torch is imported): training (the heavier: forward, backward, Adam) in TRAIN_GROUPS groups, FLOATER's training
-    (with and without CUDA graphs) and decoding with the controls, so that no single test pays for every scenario (the fast tier's clock
-    counts a fixture in the test that first asks for it)."""
+    (with and without CUDA graphs) and decoding with the controls, so that no single test pays for every scenario
+    (the fast tier's clock counts a fixture in the test that first asks for it)."""
 
     def __init__(self, library, folder):
         self.library, self.folder, self.groups = library, folder, {}

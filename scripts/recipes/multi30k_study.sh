@@ -272,7 +272,8 @@ copy() { cp "$1" "$2.tmp" && mv "$2.tmp" "$2"; }
 probe() {  # RUN_DIR MODEL NAME OUT: the length probe of the run's evaluated checkpoint (its log: RUN_DIR/train.log)
   echo "== $3: length probe" >> "$1/train.log"
   python scripts/length_probe.py score --data "$DATA" --checkpoint "$1/average.pt" --model "$2" --name "$3" \
-    --src "$SRC" --tgt "$TGT" --beam "$BEAM" --lenpen "$LENPEN" --per-k "$PROBE_PER_K" --out "$4" >> "$1/train.log" 2>&1 ||
+    --src "$SRC" --tgt "$TGT" --beam "$BEAM" --lenpen "$LENPEN" --per-k "$PROBE_PER_K" --out "$4" \
+    >> "$1/train.log" 2>&1 ||
     { echo "== $3: length probe failed; last lines of $1/train.log:" >&2; tail -3 "$1/train.log" >&2; return 1; }
 }
 

@@ -57,7 +57,7 @@ def study(corpus, work, check=True, **overrides):
            "EPOCHS": "1", "WARMUP": "10", "FT_EPOCHS": "1", "FT_WARMUP": "5", "AVG": "1", "FT_AVG": "1",
            "VOCAB": "200", "MAX_TOKENS": "1024", "MODEL_ARGS": TINY, "JOBS": "2",
            # the probe from 5 starting points, not the recipe's 20: a model of one epoch writes to the length cap,
-           # so the probe's decoding was the most of a run's cost
+           # so the probe's decoding was most of a run's cost
            "PROBE_PER_K": "5"}
     env.update(overrides)
     return run(["bash", "scripts/recipes/multi30k_study.sh"], check=check, env_extra=env)
