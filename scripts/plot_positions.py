@@ -205,8 +205,15 @@ def sinusoid(num_positions, dim, padding_idx=1, module=None):
     if module is None:
         module = SinusoidalPositionalEmbedding(dim, padding_idx, init_size=num_positions + padding_idx + 1)
     tokens = torch.full((1, num_positions), module.padding_idx + 1, dtype=torch.long)  # any non-padding token
+    reads_source = getattr(module, "reads_source", False)  # randomized positions' decoder: n̂ = round(ρ·S)
     with torch.no_grad():
-        return module(tokens)[0].float()
+        try:
+            if reads_source:  # a target of num_positions tokens after a source as long
+                module.source_lengths = torch.tensor([num_positions])
+            return module(tokens)[0].float()
+        finally:
+            if reads_source:
+                module.source_lengths = None
 
 
 def learned_rows(module, num_positions):
@@ -564,6 +571,13 @@ def _is_sinusoid(module):
     return isinstance(module, SinusoidalPositionalEmbedding)
 
 
+def _sinusoid_name(module):
+    """Randomized positions evaluate the sinusoid at spread positions: name the rule, not just the sinusoid."""
+    if type(module).__name__ != "RandomizedPositionalEmbedding":
+        return "sinusoid"
+    return f"randomized\n({module.eval_rule}, L = {module.max_position})"
+
+
 def absolute_figure(model, label, num_positions, train_max_len, out):
     """Learned tables (beside the sinusoid of their dimension) or the sinusoid alone."""
     plt = _pyplot()
@@ -579,7 +593,7 @@ def absolute_figure(model, label, num_positions, train_max_len, out):
             panels.append((cosine_similarity(rows), f"{e['part']} learned table{extra}", side))
         elif not learned:
             panels.append((cosine_similarity(sinusoid(num_positions, module.embedding_dim, module=module)),
-                           f"{e['part']} sinusoid, d = {module.embedding_dim}", side))
+                           f"{e['part']} {_sinusoid_name(module)}, d = {module.embedding_dim}", side))
     if learned:
         dims = sorted({e["module"].embedding_dim for e in learned})
         panels += [(cosine_similarity(sinusoid(num_positions, d)), f"sinusoid, d = {d}", "source") for d in dims]
@@ -587,11 +601,14 @@ def absolute_figure(model, label, num_positions, train_max_len, out):
             (panels[0][0] == panels[1][0]).all()) and train_max_len is None:
         panels = [(panels[0][0], panels[0][1].replace("encoder ", "encoder and decoder "), "source")]
     kind = "learned" if learned else "sinusoidal"
+    what = f"{kind} absolute positions"
+    if any(_sinusoid_name(e["module"]) != "sinusoid" for e in embeddings):  # its positions depend on the length
+        what = f"sinusoid at the evaluation positions of a {num_positions}-token sentence"
     fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels) + 0.8, 3.0), squeeze=False)
     for ax, (sim, title, side) in zip(axes[0], panels):
         image = _heatmap(ax, sim, title, _mark_for(side, train_max_len))  # the panels' lengths may differ
     _colorbar(fig, image, axes)
-    fig.suptitle(f"{_named(label, model)}: {kind} absolute positions, cos(p_i, p_j){_marker_note(train_max_len)}",
+    fig.suptitle(f"{_named(label, model)}: {what}, cos(p_i, p_j){_marker_note(train_max_len)}",
                  fontsize=9)
     return [save_figure(fig, os.path.join(out, f"{label}_{kind}.png"))]
 

@@ -34,6 +34,7 @@ FAMILIES = {
     "rope": ("rope_transformer_tiny", {}),
     "kerple": ("kerple_transformer_tiny", {}),
     "fire": ("fire_transformer_tiny", {}),
+    "randomized": ("randomized_transformer_tiny", {}),
 }
 
 
@@ -115,6 +116,24 @@ def test_sinusoid_is_fairseqs_and_its_similarity_symmetric_with_unit_diagonal(ch
     torch.testing.assert_close(sim.diagonal(), torch.ones(N, dtype=torch.float64))
     torch.testing.assert_close(sim, naive_cosine(rows))
     torch.testing.assert_close(sim[5, 9], sim[20, 24])  # a function of i − j only
+
+
+def test_randomized_positions_are_drawn_where_evaluation_puts_them(checkpoints, tmp_path):
+    """The sinusoid at the spread rule's positions of an N-token sentence, p_r = round((r + 1)(L + 1)/(N + 1)) − 1,
+    in both stacks (the decoder's n̂ = round(ρ·S) from a source as long, ρ = 1), not a crash on the decoder."""
+    _, paths = checkpoints
+    model = pp.load_model(str(paths["randomized"]))
+    for part in ("encoder", "decoder"):
+        module = getattr(model, part).embed_positions
+        top = module.max_position
+        positions = [round((r + 1) * (top + 1) / (N + 1)) - 1 for r in range(N)]
+        table = SinusoidalPositionalEmbedding.get_embedding(top + PAD + 1, module.embedding_dim, PAD)
+        rows = pp.sinusoid(N, module.embedding_dim, module=module)
+        torch.testing.assert_close(rows, table[[PAD + 1 + p for p in positions]])
+        assert module.source_lengths is None  # left as the decoder expects it
+    with torch.no_grad():
+        written = pp.figures(model, "randomized", N, (12, 14), str(tmp_path))
+    assert [p.rsplit("/", 1)[-1] for p in written] == ["randomized_sinusoidal.png"]
 
 
 @pytest.mark.parametrize("family", ["learned", "every_layer_learned"])
