@@ -860,8 +860,9 @@ def compare_figure(models, labels, num_positions, train_max_len, out):
         for d in at:
             bottom.axvline(d, color="k", lw=0.8, ls=":")
         bottom.ticklabel_format(axis="y", useOffset=False)
-        if h["py"] == NEIGHBOURS:
-            bottom.set_ylim(bottom=0)
+        if h["py"] == NEIGHBOURS:  # from 0, with room above: a constant angle (the sinusoid's) sat on the frame
+            top_angle = max(float(max(y)) for _, y, _, _ in h["profile"])
+            bottom.set_ylim(0, 1.08 * top_angle if top_angle > 0 else 1.0)
         bottom.set_title(h["ptitle"], fontsize=8)
         bottom.set_xlabel(h["px"], fontsize=7)
         bottom.set_ylabel(h["py"], fontsize=7)

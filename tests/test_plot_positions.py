@@ -293,6 +293,20 @@ def test_compare_titles_each_panel_and_shares_an_axis_only_within_one_quantity(c
     assert len(norms) == 1 and norms[0] != angles[0]
 
 
+def test_a_constant_angle_is_drawn_inside_its_panel_not_on_its_frame(checkpoints, tmp_path, monkeypatch):
+    """A sinusoid alone in compare.png: its neighbour angle is the same at every position, and autoscaling put the
+    top of the axis on that line, hidden by the frame."""
+    _, paths = checkpoints
+    figures = []
+    monkeypatch.setattr(pp, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
+    with torch.no_grad():
+        pp.compare_figure([pp.load_model(str(paths["sinusoidal"]))], ["sinusoidal"], N, None, str(tmp_path))
+    angle, = [ax for ax in figures[0].axes if ax.get_ylabel() == pp.NEIGHBOURS]
+    line, = angle.get_lines()
+    low, high = angle.get_ylim()
+    assert low == 0 and max(line.get_ydata()) < 0.95 * high
+
+
 def test_attention_figures_share_the_stacks_axis_and_name_the_budget(checkpoints, tmp_path, monkeypatch):
     _, paths = checkpoints
     figures = []
