@@ -810,7 +810,9 @@ def headline(model, num_positions):
                                  (everywhere, neighbour_angle(ref), f"sinusoid, d = {dim}", "--")],
                         ptitle="how far each position turns from the last", px="position i", py=NEIGHBOURS)
         rows = sinusoid(num_positions, dim, module=module)
-        return dict(kind="sinusoidal", sim=cosine_similarity(rows), title=f"{e['part']} sinusoid, d = {dim}",
+        name = _sinusoid_name(module)
+        return dict(kind="sinusoidal" if name == "sinusoid" else "randomized",
+                    sim=cosine_similarity(rows), title=f"{e['part']} {name}, d = {dim}",
                     origin=0, axis="position", side="source",
                     profile=[(everywhere, neighbour_angle(rows), f"sinusoid, d = {dim}", "--")],
                     ptitle="how far each position turns from the last", px="position i", py=NEIGHBOURS)

@@ -134,6 +134,8 @@ def test_randomized_positions_are_drawn_where_evaluation_puts_them(checkpoints, 
     with torch.no_grad():
         written = pp.figures(model, "randomized", N, (12, 14), str(tmp_path))
     assert [p.rsplit("/", 1)[-1] for p in written] == ["randomized_sinusoidal.png"]
+    headline = pp.headline(model, N)
+    assert headline["kind"] == "randomized" and "randomized" in headline["title"]  # not "sinusoidal" in compare.png
 
 
 @pytest.mark.parametrize("family", ["learned", "every_layer_learned"])
