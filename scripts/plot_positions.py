@@ -39,7 +39,9 @@ What is drawn (positions are fairseq's: position i is the (i+1)-th token of a se
   for RoPE, which adds no term but rotates q and k, the first layer's logit between a word's query and the same
   word's key at distance j − i, averaged over the vocabulary (its input is the word's scaled embedding alone),
   and beside it the rotation alone, the mean over frequencies of cos((j − i)·θ_p). SHAPE (a shifted sinusoid,
-  drawn as the sinusoid it is at evaluation) and NoPE's encoder (sinusoidal) get the sinusoid's figure.
+  drawn as the sinusoid it is at evaluation) and NoPE's encoder (sinusoidal) get the sinusoid's figure; randomized
+  positions get the sinusoid at the positions their evaluation gives a sentence of --positions tokens (the spread
+  rule: about L/N apart; a decoder's as after a source as long).
 - Sinusoidal positions (``LABEL_sinusoidal.png``): the sinusoid's position–position cosine similarity (a
   function of i − j only).
 
