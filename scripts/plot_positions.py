@@ -516,8 +516,8 @@ def floater_figures(model, label, num_positions, train_max_len, out):
             else:
                 ax.axis("off")
     _colorbar(fig, image, axes)
-    fig.suptitle(f"{_named(label, model)}: FLOATER biases b(t_i) = b(0) + Δb(t_i), cos(b(t_i), b(t_j)) averaged over each "
-                 f"block's projections{note}", fontsize=9)
+    fig.suptitle(f"{_named(label, model)}: FLOATER biases b(t_i) = b(0) + Δb(t_i), cos(b(t_i), b(t_j)) "
+                 f"averaged over each block's projections{note}", fontsize=9)
     paths.append(save_figure(fig, os.path.join(out, f"{label}_floater.png")))
 
     # per projection: one row per block, one column per (flow, projection)
