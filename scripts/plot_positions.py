@@ -206,16 +206,14 @@ def sinusoid(num_positions, dim, padding_idx=1, module=None):
 
     if module is None:
         module = SinusoidalPositionalEmbedding(dim, padding_idx, init_size=num_positions + padding_idx + 1)
+    from fairseq_plugins.models.position_transformer import _source_lengths
+
     tokens = torch.full((1, num_positions), module.padding_idx + 1, dtype=torch.long)  # any non-padding token
-    reads_source = getattr(module, "reads_source", False)  # randomized positions' decoder: n̂ = round(ρ·S)
-    with torch.no_grad():
-        try:
-            if reads_source:  # a target of num_positions tokens after a source as long
-                module.source_lengths = torch.tensor([num_positions])
-            return module(tokens)[0].float()
-        finally:
-            if reads_source:
-                module.source_lengths = None
+    # randomized positions' decoder estimates its length from its source's, as the decoder's forward gives it: here
+    # a source as long as the target
+    source = {"src_lengths": [torch.tensor([num_positions])]}
+    with torch.no_grad(), _source_lengths(module, source):
+        return module(tokens)[0].float()
 
 
 def learned_rows(module, num_positions):
@@ -573,9 +571,15 @@ def _is_sinusoid(module):
     return isinstance(module, SinusoidalPositionalEmbedding)
 
 
+def _is_randomized(module):
+    from fairseq_plugins.modules.randomized_positions import RandomizedPositionalEmbedding
+
+    return isinstance(module, RandomizedPositionalEmbedding)
+
+
 def _sinusoid_name(module):
     """Randomized positions evaluate the sinusoid at spread positions: name the rule, not just the sinusoid."""
-    if type(module).__name__ != "RandomizedPositionalEmbedding":
+    if not _is_randomized(module):
         return "sinusoid"
     return f"randomized\n({module.eval_rule}, L = {module.max_position})"
 
@@ -604,7 +608,7 @@ def absolute_figure(model, label, num_positions, train_max_len, out):
         panels = [(panels[0][0], panels[0][1].replace("encoder ", "encoder and decoder "), "source")]
     kind = "learned" if learned else "sinusoidal"
     what = f"{kind} absolute positions"
-    if any(_sinusoid_name(e["module"]) != "sinusoid" for e in embeddings):  # its positions depend on the length
+    if any(_is_randomized(e["module"]) for e in embeddings):  # its positions depend on the sentence's length
         what = f"sinusoid at the evaluation positions of a {num_positions}-token sentence"
     fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels) + 0.8, 3.0), squeeze=False)
     for ax, (sim, title, side) in zip(axes[0], panels):
@@ -812,9 +816,8 @@ def headline(model, num_positions):
                                  (everywhere, neighbour_angle(ref), f"sinusoid, d = {dim}", "--")],
                         ptitle="how far each position turns from the last", px="position i", py=NEIGHBOURS)
         rows = sinusoid(num_positions, dim, module=module)
-        name = _sinusoid_name(module)
-        return dict(kind="sinusoidal" if name == "sinusoid" else "randomized",
-                    sim=cosine_similarity(rows), title=f"{e['part']} {name}, d = {dim}",
+        return dict(kind="randomized" if _is_randomized(module) else "sinusoidal",
+                    sim=cosine_similarity(rows), title=f"{e['part']} {_sinusoid_name(module)}, d = {dim}",
                     origin=0, axis="position", side="source",
                     profile=[(everywhere, neighbour_angle(rows), f"sinusoid, d = {dim}", "--")],
                     ptitle="how far each position turns from the last", px="position i", py=NEIGHBOURS)
