@@ -31,6 +31,11 @@ if WORKER:
     # imported, after this file) and every process it starts (env() below), so that two workers never ask for
     # more threads than there are cores. Tests that need a thread count set their own.
     os.environ["OMP_NUM_THREADS"] = "1"
+# OpenMP threads that wait for each other sleep rather than spin (libgomp spins 300,000 rounds per wait by default).
+# Beside a busy core, a spinning two-thread test burnt 7 times its CPU seconds (FLOATER's gradient repeat at two
+# threads: 2.9 against 0.4), which the fast tier's clock then counted against the test. Read when torch loads.
+os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+TORCH_LOADED_FIRST = "torch" in sys.modules  # then the two variables above came too late for this process
 
 pytest_plugins = ["helpers.tier_clock", "helpers.file_order"]
 

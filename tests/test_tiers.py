@@ -2,6 +2,7 @@
 mode once each, in as many cases as the longer axis has values; make test runs the whole product. The fast tier
 is clocked: under make test-fast a test not marked slow that uses over TIER_MAX_SECONDS CPU seconds fails the run."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,21 @@ def test_make_runs_both_tiers_on_workers_with_durations_and_the_fast_one_clocked
     assert "$(PYTEST)" in recipes["test"] and "TIER_MAX_SECONDS" not in recipes["test"]
     assert "TIER_MAX_SECONDS=$(TIER_MAX_SECONDS) $(PYTEST) -m \"not slow\"" in recipes["test-fast"]
 
+
+
+def test_openmp_threads_of_the_suite_sleep_while_they_wait():
+    """A test's OpenMP threads do not spin while they wait for each other (conftest), in the test process (set
+    before torch loaded) and in each process it starts: the runtime's own report says so."""
+    import conftest
+
+    assert not conftest.TORCH_LOADED_FIRST, "torch was imported before conftest set OMP_WAIT_POLICY"
+    proc = subprocess.run([sys.executable, "-c", "import torch; torch.set_num_threads(2); torch.ones(10**6).sum()"],
+                          env={**conftest.env(), "OMP_DISPLAY_ENV": "VERBOSE"}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    if "GOMP_SPINCOUNT" in proc.stderr:  # GNU OpenMP (Linux wheels): passive means a spin count of 0
+        assert "GOMP_SPINCOUNT = '0'" in proc.stderr, proc.stderr
+    else:
+        assert re.search(r"OMP_WAIT_POLICY\s*=\s*'?PASSIVE", proc.stderr), proc.stderr
 
 
 def test_workers_run_the_files_in_collection_order(tmp_path):

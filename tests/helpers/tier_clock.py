@@ -1,14 +1,15 @@
 """The fast tier's clock: with TIER_MAX_SECONDS set (`make test-fast` sets it), a test not marked slow whose set-up,
-call and tear-down together used more CPU seconds than that fails the run, and the run lists each such test with
-its CPU and wall seconds.
+call and tear-down together used more CPU seconds than that fails the run, and the run lists each such test with its
+CPU and wall seconds.
 
 CPU seconds, not wall seconds: what the test's process and every process it started and waited for used (user +
-system), which a loaded machine does not inflate as it inflates the wall clock; on an idle machine a test that
-runs one thread at a time (make test's workers do) takes about as many wall seconds. A test's own time includes
-the fixtures it is the first to ask for (a module's shared model, the small corpus): what it would cost run
-alone. `pytest` without the variable only records. Either way the summary gives each tier's CPU seconds and the
-tests that used the most (CPU_LIST of them): what to make cheaper first. Under pytest-xdist each worker measures its tests and the
-controller, which sees every worker's reports, does the check."""
+system), which a loaded machine does not inflate as it inflates the wall clock (conftest has OpenMP threads sleep,
+not spin, while they wait); on an idle machine a test that runs one thread at a time (make test's workers do) takes
+about as many wall seconds. A test's own time includes the fixtures it is the first to ask for (a module's shared
+model, the small corpus): what it would cost run alone. `pytest` without the variable only records. Either way the
+summary gives each tier's CPU seconds and the tests that used the most (CPU_LIST of them): what to make cheaper
+first. Under pytest-xdist each worker measures its tests and the controller, which sees every worker's reports, does
+the check."""
 import os
 import resource
 
