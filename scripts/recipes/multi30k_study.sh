@@ -52,7 +52,8 @@
 # at every length (results/multi30k_study/README.md).
 #
 # The runs take hours: to keep them on one fixed version of the code, run the script from a snapshot of a commit
-# (git archive HEAD | tar -x -C SNAP; CODE_VERSION=<commit> DATA_DIR=... CKPT_ROOT=... OUT_DIR=... absolute).
+# (git archive HEAD | tar -x -C SNAP; CODE_VERSION=<commit> DATA_DIR=... CKPT_ROOT=... OUT_DIR=... absolute), as
+# scripts/study_lane.sh does: MODELS=rope scripts/study_lane.sh epochs20 (or main, tok32_joined).
 #
 # PROBE=0 leaves the probe out (gpu_check.py's dry run of the calibration: its untrained models' outputs run to the
 # length cap, and it reads only each run's BLEU). PROBE_PER_K (20) is the probe's --per-k: probes per k, from that
@@ -94,41 +95,41 @@ OUT=${OUT_DIR:-results/multi30k_study${suffix:+/${suffix#_}}}
 # --- check every input before anything is written
 for v in EPOCHS WARMUP FT_EPOCHS FT_WARMUP AVG FT_AVG VOCAB MAX_TOKENS BEAM JOBS THREADS SHAPE_K PROBE_PER_K \
     ${MAX_TRAIN_LEN:+MAX_TRAIN_LEN} ${MAX_TRAIN_TOKENS:+MAX_TRAIN_TOKENS}; do
-  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v=${!v}: expected a positive integer"
+  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || refuse "$v=${!v}: expected a positive integer"
 done
-[[ $DEVICE == cpu || $DEVICE == cuda ]] || die "DEVICE=$DEVICE: expected cpu or cuda"
+[[ $DEVICE == cpu || $DEVICE == cuda ]] || refuse "DEVICE=$DEVICE: expected cpu or cuda"
 export DEVICE  # train_small.sh and generate.sh: --cpu or not
 [[ -z $MAX_TRAIN_LEN || -z $MAX_TRAIN_TOKENS ]] ||
-  die "MAX_TRAIN_LEN=$MAX_TRAIN_LEN and MAX_TRAIN_TOKENS=$MAX_TRAIN_TOKENS: choose one cap (words or tokens)"
-[[ $LR =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ ]] || die "LR=$LR: expected a positive number"
-[[ $LENPEN =~ ^[0-9]*\.?[0-9]+$ ]] || die "LENPEN=$LENPEN: expected a number"
-[[ -z ${TABLES_ONLY:-} || $TABLES_ONLY == 1 ]] || die "TABLES_ONLY=$TABLES_ONLY: expected 1 (or unset)"
-[[ -z $JOIN_TRAIN || $JOIN_TRAIN == 1 ]] || die "JOIN_TRAIN=$JOIN_TRAIN: expected 1 (or unset)"
+  refuse "MAX_TRAIN_LEN=$MAX_TRAIN_LEN and MAX_TRAIN_TOKENS=$MAX_TRAIN_TOKENS: choose one cap (words or tokens)"
+[[ $LR =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ ]] || refuse "LR=$LR: expected a positive number"
+[[ $LENPEN =~ ^[0-9]*\.?[0-9]+$ ]] || refuse "LENPEN=$LENPEN: expected a number"
+[[ -z ${TABLES_ONLY:-} || $TABLES_ONLY == 1 ]] || refuse "TABLES_ONLY=$TABLES_ONLY: expected 1 (or unset)"
+[[ -z $JOIN_TRAIN || $JOIN_TRAIN == 1 ]] || refuse "JOIN_TRAIN=$JOIN_TRAIN: expected 1 (or unset)"
 PROBE=${PROBE:-1}
-[[ $PROBE == 0 || $PROBE == 1 ]] || die "PROBE=$PROBE: expected 1 (the length probe after each run) or 0 (none)"
+[[ $PROBE == 0 || $PROBE == 1 ]] || refuse "PROBE=$PROBE: expected 1 (the length probe after each run) or 0 (none)"
 [[ -z $JOIN_TRAIN || -n $MAX_TRAIN_TOKENS ]] ||
-  die "JOIN_TRAIN=1 needs MAX_TRAIN_TOKENS (joins are capped in tokens), e.g. MAX_TRAIN_TOKENS=32 JOIN_TRAIN=1"
-[ -n "${SEEDS// /}" ] || die "SEEDS is empty: expected positive integers, e.g. \"1 2 3\""
-for s in $SEEDS; do [[ $s =~ ^[1-9][0-9]*$ ]] || die "SEEDS=\"$SEEDS\": expected positive integers, got '$s'"; done
-[ -n "${MODELS// /}" ] || die "MODELS is empty: expected some of $(python -m fairseq_plugins models) floater_warm transformer_ft"
+  refuse "JOIN_TRAIN=1 needs MAX_TRAIN_TOKENS (joins are capped in tokens), e.g. MAX_TRAIN_TOKENS=32 JOIN_TRAIN=1"
+[ -n "${SEEDS// /}" ] || refuse "SEEDS is empty: expected positive integers, e.g. \"1 2 3\""
+for s in $SEEDS; do [[ $s =~ ^[1-9][0-9]*$ ]] || refuse "SEEDS=\"$SEEDS\": expected positive integers, got '$s'"; done
+[ -n "${MODELS// /}" ] || refuse "MODELS is empty: expected some of $(python -m fairseq_plugins models) floater_warm transformer_ft"
 TABLE=" $(python -m fairseq_plugins models) "  # the table of schemes: fairseq_plugins/schemes.py
 for m in $MODELS; do
   case $m in
     floater_warm|transformer_ft) [[ " $MODELS " == *" transformer "* ]] ||
-      die "MODELS=\"$MODELS\": $m starts from the transformer of the same seed, so MODELS must list transformer" ;;
+      refuse "MODELS=\"$MODELS\": $m starts from the transformer of the same seed, so MODELS must list transformer" ;;
     *) [[ $TABLE == *" $m "* ]] ||
-      die "MODELS=\"$MODELS\": unknown model '$m' (expected one of${TABLE}floater_warm transformer_ft)" ;;
+      refuse "MODELS=\"$MODELS\": unknown model '$m' (expected one of${TABLE}floater_warm transformer_ft)" ;;
   esac
 done
-(( AVG <= EPOCHS )) || die "AVG=$AVG: expected at most EPOCHS=$EPOCHS checkpoints to average"
-(( FT_AVG <= FT_EPOCHS )) || die "FT_AVG=$FT_AVG: expected at most FT_EPOCHS=$FT_EPOCHS checkpoints to average"
+(( AVG <= EPOCHS )) || refuse "AVG=$AVG: expected at most EPOCHS=$EPOCHS checkpoints to average"
+(( FT_AVG <= FT_EPOCHS )) || refuse "FT_AVG=$FT_AVG: expected at most FT_EPOCHS=$FT_EPOCHS checkpoints to average"
 for split in train val test_2016_flickr; do
   for lang in "$SRC" "$TGT"; do
     [ -s "$MULTI30K_DIR/$split.$lang" ] ||
-      die "MULTI30K_DIR=$MULTI30K_DIR lacks $split.$lang (expected train, val, test_2016_flickr .$SRC/.$TGT)"
+      refuse "MULTI30K_DIR=$MULTI30K_DIR lacks $split.$lang (expected train, val, test_2016_flickr .$SRC/.$TGT)"
   done
 done
-command -v flock > /dev/null || die "flock not found: expected util-linux's flock (it keeps two study processes off one run)"
+command -v flock > /dev/null || refuse "flock not found: expected util-linux's flock (it keeps two study processes off one run)"
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 # the code each run was trained with, recorded in its result (CODE_VERSION: e.g. the commit of a snapshot)
 CODE=${CODE_VERSION:-"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"}
@@ -202,6 +203,8 @@ echo "results: $OUT/"
 }
 
 die() { echo "multi30k_study.sh: $*" >&2; exit 1; }
+# a refused input exits 2, a failed run 1: a caller that retries failures (scripts/study_lane.sh) tells them apart
+refuse() { echo "multi30k_study.sh: $*" >&2; exit 2; }
 
 # The tables from every finished run (after each run too, so that they are current while the study goes on).
 tabulate() {
