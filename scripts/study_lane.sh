@@ -64,5 +64,5 @@ for attempt in $(seq 0 "${RETRIES:-20}"); do
   (( status == 2 )) && refuse "the recipe refused its input (above): not retried"
   (( attempt < ${RETRIES:-20} )) && sleep "${RETRY_SECONDS:-300}"
 done
-echo "study_lane.sh: $CONDITION failed $((${RETRIES:-20} + 1)) times: see the log above" >&2
+echo "study_lane.sh: $CONDITION: $((${RETRIES:-20} + 1)) attempt(s), each failed: see the log above" >&2
 exit 1

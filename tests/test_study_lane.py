@@ -94,6 +94,13 @@ def test_a_refused_input_is_not_retried(checkout):
     assert proc.stderr.splitlines()[-1] == "study_lane.sh: the recipe refused its input (above): not retried"
 
 
+def test_a_lane_gives_up_after_its_retries_with_the_count(checkout):
+    proc = lane(checkout, "main", RETRIES="0")  # the fake recipe fails its first attempt; no second one
+    assert proc.returncode == 1
+    assert (checkout / "results" / "multi30k_study" / "attempts").read_text().strip() == "1"
+    assert proc.stderr.splitlines()[-1] == "study_lane.sh: main: 1 attempt(s), each failed: see the log above"
+
+
 @pytest.mark.parametrize("args, variables, message", [
     (["epochs30"], {}, "study_lane.sh: CONDITION 'epochs30': expected main, epochs20 or tok32_joined "
                        "(scripts/study_lane.sh CONDITION [COMMIT])"),
