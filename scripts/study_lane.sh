@@ -38,7 +38,11 @@ LOG=$REPO/checkpoints/$ckpt/study.log
 mkdir -p "$REPO/checkpoints/$ckpt"
 
 if [ -z "${FOREGROUND:-}" ]; then
-  FOREGROUND=1 setsid nohup nice -n 19 bash "${BASH_SOURCE[0]}" "$CONDITION" "$SHA" >> "$LOG" 2>&1 < /dev/null &
+  # nice 19 for the lane's own processes and for its session's scheduling group: where the kernel groups processes
+  # by session (autogroup), a process's nice counts only inside its group, and the new session would otherwise take
+  # an equal share of the CPU beside the user's (a test suite beside a lane ran at half speed)
+  FOREGROUND=1 setsid nohup nice -n 19 bash -c 'echo 19 > /proc/self/autogroup 2> /dev/null; exec bash "$@"' lane \
+    "${BASH_SOURCE[0]}" "$CONDITION" "$SHA" >> "$LOG" 2>&1 < /dev/null &
   echo "study_lane.sh: $CONDITION from code $SHA, in the background (pid $!): $LOG"
   exit 0
 fi

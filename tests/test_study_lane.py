@@ -21,7 +21,7 @@ mkdir -p "$OUT_DIR"
 n=$(( $(cat "$OUT_DIR/attempts" 2> /dev/null || echo 0) + 1 )); echo $n > "$OUT_DIR/attempts"
 [ "${MODELS:-}" != refused ] || { echo "multi30k_study.sh: MODELS=refused: unknown model" >&2; exit 2; }
 (( n > 1 )) || exit 1
-{ echo "recipe=@WHICH@"; echo "pwd=$PWD"; for v in EPOCHS MAX_TRAIN_TOKENS JOIN_TRAIN DATA_DIR CKPT_ROOT OUT_DIR \\
+{ echo "recipe=@WHICH@"; echo "pwd=$PWD"; echo "nice=$(nice)"; for v in EPOCHS MAX_TRAIN_TOKENS JOIN_TRAIN DATA_DIR CKPT_ROOT OUT_DIR \\
     CODE_VERSION JOBS MULTI30K_DIR PYTHONPATH MODELS; do echo "$v=${!v:-}"; done; } > "$OUT_DIR/ran"
 """
 
@@ -128,6 +128,7 @@ def test_without_foreground_the_lane_returns_at_once_and_logs_to_the_conditions_
     while not ran.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert recorded(ran)["recipe"] == "committed", log.read_text()
+    assert recorded(ran)["nice"] == "19"  # the lowest priority (and its session's group, where the kernel has them)
     assert "== study_lane.sh: main, code " in log.read_text()
 
 
