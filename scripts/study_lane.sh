@@ -31,8 +31,9 @@ SHA=$(git -C "$REPO" rev-parse --short --verify -q "$COMMIT^{commit}") ||
 multi30k=${MULTI30K_DIR:-$REPO/../shared/data/multi30k}
 MULTI30K_DIR=$(cd "$multi30k" 2> /dev/null && pwd) ||
   refuse "MULTI30K_DIR=$multi30k: no such folder (expected Multi30k's train, val, test_2016_flickr)"
+RETRIES=${RETRIES:-20} RETRY_SECONDS=${RETRY_SECONDS:-300}
 for v in RETRIES RETRY_SECONDS; do
-  [[ ${!v:-1} =~ ^[0-9]+$ ]] || refuse "$v=${!v}: expected a whole number"
+  [[ ${!v} =~ ^[0-9]+$ ]] || refuse "$v=${!v}: expected a whole number"
 done
 LOG=$REPO/checkpoints/$ckpt/study.log
 mkdir -p "$REPO/checkpoints/$ckpt"
@@ -60,13 +61,13 @@ export PYTHONPATH=$SNAP:$SNAP/scripts${PYTHONPATH:+:$PYTHONPATH} CODE_VERSION=$S
 export DATA_DIR=$REPO/data/$data CKPT_ROOT=$REPO/checkpoints/$ckpt OUT_DIR=$REPO/results/$out
 (( ${#extra[@]} == 0 )) || export "${extra[@]}"
 cd "$SNAP"
-for attempt in $(seq 0 "${RETRIES:-20}"); do
+for attempt in $(seq 0 "$RETRIES"); do
   echo "== study_lane.sh: $CONDITION, code $SHA, attempt $((attempt + 1)), $(date -u '+%F %T') UTC"
   status=0
   bash scripts/recipes/multi30k_study.sh || status=$?
   (( status == 0 )) && exit 0
   (( status == 2 )) && refuse "the recipe refused its input (above): not retried"
-  (( attempt < ${RETRIES:-20} )) && sleep "${RETRY_SECONDS:-300}"
+  (( attempt < RETRIES )) && sleep "$RETRY_SECONDS"
 done
-echo "study_lane.sh: $CONDITION: $((${RETRIES:-20} + 1)) attempt(s), each failed: see the log above" >&2
+echo "study_lane.sh: $CONDITION: $((RETRIES + 1)) attempt(s), each failed: see the log above" >&2
 exit 1
