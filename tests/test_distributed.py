@@ -115,3 +115,35 @@ import fairseq_plugins
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "group alive at exit: False" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+GLOO_THREADS_AT_EXIT = """
+import atexit, os, sys, time
+def gloo_threads():  # the names of this process's threads that belong to a gloo group
+    names = (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+    return sorted(n for n in names if "gloo" in n)
+def report():  # a freed group's threads end within moments; a group still referenced keeps them
+    deadline = time.monotonic() + 10
+    while gloo_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("gloo threads at exit:", gloo_threads(), flush=True)
+atexit.register(report)  # registered before the plugins' handler, so it runs after it
+from fairseq_cli.train import cli_main
+sys.argv[0] = "fairseq-train"
+cli_main()
+"""
+
+
+def test_no_gloo_thread_outlives_a_finished_run(data, tmp_path):
+    """destroy_process_group() unregisters the groups but cannot free one that Python still holds, and a fairseq
+    run holds two: fairseq's own data-parallel group (cached on get_global_group) and the world group (a default
+    argument of torch.distributed.nn.functional, imported after init). Their worker threads then live into
+    interpreter shutdown: the race behind a rank that finished training and still died there ("terminate called
+    without an active exception", then a segfault). At exit, after the plugins' handler, no gloo thread may be
+    left (seen: both groups' threads without the handler's reference drops, one group's with either alone)."""
+    wrap = lambda cmd: [sys.executable, "-c", GLOO_THREADS_AT_EXIT, *cmd[1:]]  # noqa: E731
+    ranks = two_ranks(data, tmp_path / "ddp", "transformer_tiny", "--ddp-backend", "pytorch_ddp",
+                      log_prefix=tmp_path / "rank", max_update=2, timeout=300, wrap=wrap)
+    for rank, (returncode, log) in enumerate(ranks):
+        assert returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
+        assert "gloo threads at exit: []" in log, f"rank {rank}:\n{log[-1500:]}"
