@@ -72,9 +72,9 @@ class Floater(PositionScheme):
              _D.update_every),
         Flag("--floater-cuda-graph", boolean, None, "on CUDA, replay the default solve (rk4) of training forwards "
              "from captured CUDA graphs (one per bucket of lengths) instead of launching it step by step. Opt-in: "
-             "verified on CPU by emulating CUDA graphs' buffer semantics, and on an H100: gradients equal to the "
-             "loop's (1e-7), update 2.1-5.2x the Transformer's against 3.9-11.3x without, memory over its "
-             "modelled bound (results/gpu_check_notes.md)", _D.cuda_graph, switch=True,
+             "verified on CPU by emulating CUDA graphs' buffer semantics, and on an H100 and an H200: gradients "
+             "equal to the loop's (1e-7), update 2.1-5.2x the Transformer's against 3.9-11.3x without (H100), "
+             "memory over its modelled bound (results/gpu_check_notes.md)", _D.cuda_graph, switch=True,
              off="--floater-no-cuda-graph", off_help="the default (step by step); accepted for command lines "
              "written when graphs were on by default"),
         Flag("--floater-layers", one_of(LAYERS), "{all,input}", "blocks whose q/k/v biases follow the flow: all "
