@@ -84,12 +84,17 @@ def main(argv=None):
             write_text(Path(path), text)
         print(ops_markdown(res))
         return
-    res = run(args)
+    res = write_report(run(args, progress=lambda partial: write_report(partial, args)), args)
+    print(markdown(res))
+
+
+def write_report(res, args):
+    """--out-json and --out-md (each atomically), the committed notes appended; the report as written."""
     res["notes"] = Path(args.notes).read_text(encoding="utf-8") if args.notes and Path(args.notes).is_file() else None
     res = relativize(res)  # no absolute path of this machine in the results
     for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, markdown(res))):
         write_text(Path(path), text)
-    print(markdown(res))
+    return res
 
 
 

@@ -33,7 +33,9 @@ e. ``fused`` (250 s): scripts/bench.py --device cuda at T = 64, 256 and 1024 for
 results/gpu_check.md and .json are written before the first section and rewritten (atomically) the moment each
 section ends, with every section so far: a section that raises or exceeds its cap records its reason (the
 exception's last line, or "timed out after N s") beside the rows it had written, and the run goes on with the
-next one. The exit status is 1 if any section failed or any check is out of its bound (the verdict table).
+next one; d's and e's benchmark reports are rewritten after each length, so one cut at its cap keeps the lengths
+it finished (marked PARTIAL). The exit status is 1 if any section failed or any check is out of its bound (the
+verdict table).
 ``--sections a,b`` runs some of them (``all``: every one), e.g. the second call or a section again; each call
 writes gpu_check.md in its ``--out-dir``, so a second call on the same checkout names another folder.
 

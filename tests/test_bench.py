@@ -153,6 +153,35 @@ def test_a_model_that_cannot_train_is_reported_and_the_others_measured(tmp_path,
     assert f"`t5` at T = 16 failed: {reason}" in out_md.read_text()
 
 
+def test_a_run_cut_short_leaves_the_lengths_it_measured(tmp_path, monkeypatch):
+    """The GPU check kills the benchmark at its section's cap (the H200 run's section d: nothing written after 90 s).
+    The report is written after every length but the last, marked partial, so a run killed at the next length
+    leaves the ones it finished; here the second length's training raises in its place."""
+    from tooling import bench
+
+    train_phase = bench.train_phase
+
+    def cut_at_the_second_length(p, bundles, T, sample):
+        if T == QUICK_LENGTHS[1]:
+            raise KeyboardInterrupt("killed at its cap")
+        return train_phase(p, bundles, T, sample)
+
+    monkeypatch.setattr(bench, "train_phase", cut_at_the_second_length)
+    import bench as cli  # scripts/bench.py
+
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["--quick", "--silent", "--no-decode", "--no-memory", "--models", "relative", "--out-json",
+                  str(out_json), "--out-md", str(out_md)])
+    report = json.loads(out_json.read_text())
+    assert report["partial"] == f"T = {QUICK_LENGTHS[1]} still to run"
+    rows = {(r["model"], r["length"]): r for r in report["rows"]}
+    assert rows["relative", QUICK_LENGTHS[0]]["train_ratio"] > 0
+    assert "train_update_median_s" not in rows["relative", QUICK_LENGTHS[1]]
+    assert out_md.read_text().splitlines()[2] == f"**PARTIAL**: T = {QUICK_LENGTHS[1]} still to run (the run was " \
+                                                 "written before it ended)."
+
+
 def test_graphs_compiled_during_updates_are_counted():
     """The bench counts torch.compile's graphs around each update: the warm-up's compiles, and any recompile in the
     timed updates (which would make those times a compile's)."""

@@ -608,14 +608,18 @@ def decode_phase(p, bundles, T):
         f"{n} {rows[n, T]['decode_per_sentence_median_s'] * 1e3:.1f} ms/sent" for n in decoded))
 
 
-def run(args):
-    """Every phase the command line asks for; the report (JSON-able) with ratios to the Transformer and goals."""
+def run(args, progress=None):
+    """Every phase the command line asks for; the report (JSON-able) with ratios to the Transformer and goals.
+    ``progress``, if given, receives the report so far after the memory phase and after every length but the
+    last, with "partial" naming what is still to come: a run cut short (a GPU lease's cap) leaves what it measured."""
     p = plan(args)
     started = time.time()
     if not args.no_memory:
         memory_phase(p)
     params, bundles = None, {}
-    for T in p.lengths:
+    for i, T in enumerate(p.lengths):
+        if progress is not None and (i or not args.no_memory):
+            progress(report(p, params, started, partial=f"T = {', '.join(map(str, p.lengths[i:]))} still to run"))
         # Fresh models (same seed) at every length: each length measures the same initial state, and a
         # flow trained on random batches at one length cannot diverge at the next (long grids amplify it).
         bundles.clear()  # the previous length's models go before the next ones are built
@@ -636,7 +640,7 @@ def run(args):
     return report(p, params, started)
 
 
-def report(p, params, started):
+def report(p, params, started, partial=None):
     args, rows = p.args, p.rows
     for (n, T), row in rows.items():  # ratios to the Transformer
         base = rows[BASELINE, T]
@@ -646,6 +650,7 @@ def report(p, params, started):
                 row[ratio] = row[key] / base[key]
     settings = {k: v for k, v in vars(args).items() if k not in ("out_json", "out_md", "silent")}
     return {
+        **({"partial": partial} if partial else {}),
         "command": " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
         "machine": machine(args.device),
         "source": source_state(),

@@ -47,6 +47,7 @@ def markdown(res):
     lines = [
         "# Cost of each position scheme, as ratios to fairseq's Transformer",
         "",
+        *([f"**PARTIAL**: {res['partial']} (the run was written before it ended).", ""] if res.get("partial") else []),
         f"Command: `{res['command']}`",
         "",
         f"Code: commit `{(res['source']['commit'] or '?')[:12]}`"
