@@ -272,6 +272,7 @@ def score(args):
                      **({"model_overrides": args.model_overrides} if args.model_overrides else {})},
         "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1), "bleu_tok_lc_method": METHOD_LOWERCASE,
         "hypotheses": os.path.basename(base + ".hyp"), "buckets": buckets, "by_k": by_k,
+        **({"trained_again": args.trained_again} if args.trained_again else {}),
     }
     write_json(args.out, result, indent=2)
     cells = "  ".join(f"{b['bucket']}: {'-' if b['bleu_tok_lc'] is None else b['bleu_tok_lc']} ({b['probes']})"
@@ -351,6 +352,11 @@ def table(args):
             notes.append(f"{model}: {' or '.join(kinds)}")
     if notes:
         lines += ["Decoded with --model-overrides: " + "; ".join(notes) + ".", ""]
+    again = [f"{r['name']} ({r['trained_again']})" for model in models
+             for _, r in sorted(results.get(model, {}).items()) if r.get("trained_again")]
+    if again:  # the recorded run's checkpoints were gone: the probe is of the same command trained again
+        lines += ["Probed after training again with the recorded command (the recorded run's checkpoints were gone): "
+                  + "; ".join(again) + ".", ""]
     capped = sum(b["at_max_len"] for r in runs for b in r["buckets"])
     lines.append(f"Outputs that reached the length cap: {capped} of {sum(r['probes'] for r in runs)}. "
                  f"Probe seconds per run: {min(r['seconds'] for r in runs):.0f}–{max(r['seconds'] for r in runs):.0f}.")
@@ -443,6 +449,9 @@ def main():
                         "model scaled at decode time, \"{'rope_scaling': 'yarn', 'rope_scaling_factor': 4.0, "
                         "'rope_original_length': 33}\" (name the run apart: --name rope_yarn.seed1)")
     s.add_argument("--out", required=True, help="the probe result, e.g. runs/MODEL.seedS.probe.json")
+    s.add_argument("--trained-again", metavar="NOTE",
+                   help="the checkpoint is the run trained again (its own were gone): how its test hypotheses "
+                        "compare with the recorded run's, recorded in the result and noted in the table")
     s.set_defaults(func=score)
     t = sub.add_parser("table", help="mean ± std over seeds per model and bucket")
     t.add_argument("--runs", required=True, help="the folder of MODEL.seedS.probe.json files")

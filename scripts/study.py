@@ -3,8 +3,9 @@
 
   # the runs in order, one "PHASE MODEL SEED" line each (fine-tunes after everything trained from scratch)
   scripts/study.py plan --models "transformer relative floater_warm" --seeds "1 2 3"
-  # run, skip or retrain one (model, seed); an error if its result was made with another recipe
-  scripts/study.py decide --model transformer --seed 1 --models "..." --out OUT_DIR --run-dir RUN --recipe "..."
+  # run, skip, probe or retrain one (model, seed); an error if its result was made with another recipe
+  scripts/study.py decide --model transformer --seed 1 --models "..." --out OUT_DIR --run-dir RUN --recipe "..." \
+      [--probe [--probe-retrain]]
   # one finished run: its generate.sh JSON + hypotheses -> RUNS/MODEL.seedS.json and .hyp
   scripts/study.py run-result --model transformer --seed 1 --test-json RUN/test.json \
       --ref data/.../raw/test.de --train-log RUN/train.log --out RUNS/transformer.seed1.json [--meta k=v ...]
@@ -27,7 +28,8 @@ from tooling import study
 
 
 def decide(args):
-    print(study.decide(args.model, args.seed, args.models.split(), args.out, args.run_dir, args.recipe))
+    print(study.decide(args.model, args.seed, args.models.split(), args.out, args.run_dir, args.recipe,
+                       probe=args.probe, probe_retrain=args.probe_retrain))
 
 
 def every_run(args):
@@ -117,6 +119,9 @@ def main():
     d.add_argument("--out", required=True, help="the study's result directory (its runs/)")
     d.add_argument("--run-dir", required=True, help="the run's checkpoint directory")
     d.add_argument("--recipe", required=True, help="the recipe string every result records")
+    d.add_argument("--probe", action="store_true", help="every run has its length probe (the recipe's PROBE=1)")
+    d.add_argument("--probe-retrain", action="store_true",
+                   help="a finished run without its probe or checkpoints is trained again to probe it")
     args = ap.parse_args()
     {"run-result": study.run_result, "table": study.table, "plot": study.plot, "updates": study.updates,
      "retrain-note": study.retrain_note, "every-run": every_run, "plan": plan, "decide": decide,

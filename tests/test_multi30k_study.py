@@ -166,6 +166,9 @@ def test_a_run_another_study_process_holds_is_left_to_it(corpus, tmp_path):
     ({"TABLES_ONLY": "yes"}, "TABLES_ONLY=yes: expected 1 (or unset)"),
     ({"PROBE": "no"}, "PROBE=no: expected 1 (the length probe after each run) or 0 (none)"),
     ({"PROBE_PER_K": "0"}, "PROBE_PER_K=0: expected a positive integer"),
+    ({"PROBE_RETRAIN": "yes"}, "PROBE_RETRAIN=yes: expected 1 (train a finished run whose checkpoints are gone again to "
+                               "probe it) or 0"),
+    ({"PROBE_RETRAIN": "1", "PROBE": "0"}, "PROBE_RETRAIN=1 trains runs again for their probe: it needs PROBE=1"),
     ({"MULTI30K_DIR": "/nonexistent"}, "MULTI30K_DIR=/nonexistent lacks train.en "
                                        "(expected train, val, test_2016_flickr .en/.de)"),
 ])

@@ -47,7 +47,11 @@
 # Length probe (scripts/length_probe.py): right after its test decoding, every run translates test sentences
 # joined k at a time (k = 1, 2, ... until beyond 3x its longest training source in tokens) and scores them by
 # source length relative to that longest training source: runs/MODEL.seedS.probe.json (+ .probe.hyp), and
-# probe_table.md (mean +- std over seeds). A finished run without its probe is probed when its checkpoint is here.
+# probe_table.md (mean +- std over seeds). A finished run without its probe is probed when its checkpoint is here;
+# PROBE_RETRAIN=1 trains one whose checkpoints are not here again with the same command (resumable) and probes that:
+# its recorded result stays, and the probe (and the probe table's note) records how the retrained run's test
+# hypotheses compare with the recorded run's. Without it such a run is skipped and says so; a fine-tune is not
+# trained again for its probe (it would continue a transformer trained again, not the one it continued).
 # It reads extrapolation only for JOIN_TRAIN runs: a model trained on single captions stops after one sentence
 # at every length (results/multi30k_study/README.md).
 #
@@ -64,7 +68,7 @@
 # VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
 # DEVICE (cpu, the default; cuda: training and decoding on the GPU, JOBS runs sharing it; not part of the recipe),
 # MAX_TRAIN_LEN, MAX_TRAIN_TOKENS, JOIN_TRAIN, EDGES, ALL_LENGTHS_RUNS, SHAPE_K, TABLES_ONLY, PROBE (1),
-# PROBE_PER_K (20), MULTI30K_DIR (../shared/data/multi30k); DATA_DIR, CKPT_ROOT, OUT_DIR (default
+# PROBE_PER_K (20), PROBE_RETRAIN (0), MULTI30K_DIR (../shared/data/multi30k); DATA_DIR, CKPT_ROOT, OUT_DIR (default
 # data/multi30k_study_SRCTGT[_lenN|_tokN[_joined]], checkpoints/multi30k_study[_lenN|_tokN[_joined]],
 # results/multi30k_study[/lenN|/tokN[_joined]]). A finished run records the recipe; asking for another recipe is an
 # error.
@@ -107,6 +111,10 @@ export DEVICE  # train_small.sh and generate.sh: --cpu or not
 [[ -z $JOIN_TRAIN || $JOIN_TRAIN == 1 ]] || refuse "JOIN_TRAIN=$JOIN_TRAIN: expected 1 (or unset)"
 PROBE=${PROBE:-1}
 [[ $PROBE == 0 || $PROBE == 1 ]] || refuse "PROBE=$PROBE: expected 1 (the length probe after each run) or 0 (none)"
+PROBE_RETRAIN=${PROBE_RETRAIN:-0}
+[[ $PROBE_RETRAIN == 0 || $PROBE_RETRAIN == 1 ]] ||
+  refuse "PROBE_RETRAIN=$PROBE_RETRAIN: expected 1 (train a finished run whose checkpoints are gone again to probe it) or 0"
+[[ $PROBE_RETRAIN == 0 || $PROBE == 1 ]] || refuse "PROBE_RETRAIN=1 trains runs again for their probe: it needs PROBE=1"
 [[ -z $JOIN_TRAIN || -n $MAX_TRAIN_TOKENS ]] ||
   refuse "JOIN_TRAIN=1 needs MAX_TRAIN_TOKENS (joins are capped in tokens), e.g. MAX_TRAIN_TOKENS=32 JOIN_TRAIN=1"
 [ -n "${SEEDS// /}" ] || refuse "SEEDS is empty: expected positive integers, e.g. \"1 2 3\""
@@ -272,10 +280,11 @@ length_score() {  # HYP MODEL NAME OUT [--note NOTE]: sacreBLEU per source-lengt
 
 copy() { cp "$1" "$2.tmp" && mv "$2.tmp" "$2"; }
 
-probe() {  # RUN_DIR MODEL NAME OUT: the length probe of the run's evaluated checkpoint (its log: RUN_DIR/train.log)
+probe() {  # RUN_DIR MODEL NAME OUT [length_probe.py score options]: the length probe of the run's evaluated
+  # checkpoint (its log: RUN_DIR/train.log)
   echo "== $3: length probe" >> "$1/train.log"
   python scripts/length_probe.py score --data "$DATA" --checkpoint "$1/average.pt" --model "$2" --name "$3" \
-    --src "$SRC" --tgt "$TGT" --beam "$BEAM" --lenpen "$LENPEN" --per-k "$PROBE_PER_K" --out "$4" \
+    --src "$SRC" --tgt "$TGT" --beam "$BEAM" --lenpen "$LENPEN" --per-k "$PROBE_PER_K" --out "$4" "${@:5}" \
     >> "$1/train.log" 2>&1 ||
     { echo "== $3: length probe failed; last lines of $1/train.log:" >&2; tail -3 "$1/train.log" >&2; return 1; }
 }
@@ -285,16 +294,25 @@ run_one() {
   local model=$1 seed=$2
   local name=$model.seed$seed
   local dir=$CKPT_ROOT/$name result=$OUT/runs/$name.json
-  local again= probe_only= decision
+  local again= probe_only= reprobe= decision
+  # shellcheck disable=SC2046
   decision=$(python scripts/study.py decide --model "$model" --seed "$seed" --models "$MODELS" --out "$OUT" \
-    --run-dir "$dir" --recipe "$RECIPE") || return 1
+    --run-dir "$dir" --recipe "$RECIPE" $([ "$PROBE" = 0 ] || echo --probe) \
+    $([ "$PROBE_RETRAIN" = 0 ] || echo --probe-retrain)) || return 1
   case $decision in
-    skip) # a run finished before the length probe existed is probed if its evaluated checkpoint is still here
-      if [ "$PROBE" = 0 ] || [ -s "$OUT/runs/$name.probe.json" ] || [ ! -s "$dir/average.pt" ] ||
-          [ -e "$dir/retrain.txt" ]; then
-        echo "== $name: skipped (done: $result)"; return 0
-      fi
-      probe_only=1 ;;
+    skip) echo "== $name: skipped (done: $result)"; return 0 ;;
+    unprobed)
+      case $model in
+        floater_warm|transformer_ft) echo "== $name: skipped (done: $result); it has no length probe and its" \
+          "checkpoints are not here (a fine-tune is not trained again for its probe)" ;;
+        *) echo "== $name: skipped (done: $result); it has no length probe and its checkpoints are not here:" \
+          "PROBE_RETRAIN=1 trains it again with the same command to probe it" ;;
+      esac
+      return 0 ;;
+    probe) probe_only=1 ;;  # finished before the length probe existed; its evaluated checkpoint is here
+    reprobe) reprobe=1  # trained again with the same command, then probed; the recorded result is kept
+      echo "== $name: done ($result), without its length probe, and its checkpoints are not here: trained again" \
+        "with the same command to probe it" ;;
     retrain) again=1  # trained again with the same command; the recorded result is kept
       echo "== $name: done ($result), but its checkpoints are not here and its fine-tunes need them" ;;
   esac
@@ -344,6 +362,14 @@ run_one() {
     >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
   REUSE=1 SRC=$SRC TGT=$TGT BEAM=$BEAM LENPEN=$LENPEN bash scripts/generate.sh "$DATA" "$dir/average.pt" test \
     "$dir/test.json" >> "$dir/train.log" 2>&1 || { tail -3 "$dir/train.log" >&2; return 1; }
+  if [ -n "$reprobe" ]; then
+    # reprobe.txt, not retrain.txt: that one says a retraining's own result (runs/NAME.retrained.json) exists
+    python scripts/study.py retrain-note --recorded "$result" --test-json "$dir/test.json" \
+      --out "$dir/reprobe.txt" | sed "s/^/== $name: /"
+    probe "$dir" "$model" "$name" "$OUT/runs/$name.probe.json" --trained-again "$(cat "$dir/reprobe.txt")" || return 1
+    tabulate > /dev/null
+    return 0
+  fi
   [ "$PROBE" = 0 ] || probe "$dir" "$model" "$name" "$OUT/runs/$name${again:+.retrained}.probe.json" || return 1
   local record=$result
   if [ -n "$again" ]; then

@@ -3,8 +3,9 @@
 scripts/recipes/multi30k_study.sh).
 
 Decisions: which runs, in which order (`plan`: from scratch first, then the fine-tunes of a trained transformer),
-and what to do with each (`decide`: run, skip, or train a finished transformer again because its checkpoints are
-not on this machine and a fine-tune of its seed needs them; a result made with another recipe is an error).
+and what to do with each (`decide`: run, skip, probe a finished run, or train a finished run again because its
+checkpoints are not on this machine and a fine-tune of its seed or its length probe needs them; a result made with
+another recipe is an error).
 
 Results: one JSON per (model, seed) run (`run_result`), the table with mean ± std, the mean per-seed difference
 to the reference model with its 95% interval and p-values (`table`), the validation-loss curves (`plot`). Two BLEU
@@ -516,12 +517,18 @@ def recorded_recipe(result):
         fail(f"{result}: not a run result ({err})")
 
 
-def decide(model, seed, models, out, run_dir, recipe):
+def decide(model, seed, models, out, run_dir, recipe, probe=False, probe_retrain=False):
     """What one (model, seed) of the study needs: "run" (train, resuming if it started), "skip" (its result
     exists), or "retrain": a finished transformer whose checkpoints are not on this machine (they stay on the one
     that trained it) while a fine-tune of its seed is still to run; it is trained again with the same command and
     its recorded result kept. Its test.json tells: older than the result, trained here; newer with no
-    retrain.txt yet, a retraining that has not finished."""
+    retrain.txt yet, a retraining that has not finished.
+
+    With probe (the recipe's PROBE=1), a finished run without its length probe: "probe" when the checkpoint here
+    is the recorded run's (trained here: its test.json is older than the result), else "reprobe" with
+    probe_retrain (train it again with the same command, resuming, and probe that; the recorded result is kept)
+    or "unprobed" (skipped, and the recipe says why). A fine-tune is not trained again for its probe: it would
+    continue a transformer trained again, not the one it continued."""
     def done(path):
         return os.path.isfile(path) and os.path.getsize(path) > 0
 
@@ -535,4 +542,10 @@ def decide(model, seed, models, out, run_dir, recipe):
     if model == "transformer" and pending and (
             not done(test_json) or (os.path.getmtime(test_json) > os.path.getmtime(result) and not done(note))):
         return "retrain"
-    return "skip"
+    if not probe or done(os.path.join(out, "runs", f"{model}.seed{seed}.probe.json")):
+        return "skip"
+    trained_here = (done(test_json) and os.path.getmtime(test_json) <= os.path.getmtime(result)
+                    and not done(note))
+    if trained_here and done(os.path.join(run_dir, "average.pt")):
+        return "probe"
+    return "reprobe" if probe_retrain and model not in FINE_TUNES else "unprobed"
