@@ -128,10 +128,11 @@ def test_decide_probes_only_the_recorded_runs_checkpoint(tmp_path, state, probe,
                   probe=probe, probe_retrain=retrain) == expected
 
 
-def test_decide_never_trains_a_fine_tune_again_for_its_probe(tmp_path):
+@pytest.mark.parametrize("retrain", [False, True])
+def test_decide_never_trains_a_fine_tune_again_for_its_probe(tmp_path, retrain):
     """A fine-tune trained again would continue a transformer trained again, not the one it continued."""
     out, models = tmp_path / "out", ["transformer", "floater_warm"]
     finished(out, tmp_path / "ckpt" / "transformer.seed1", "transformer", probed=True)
     finished(out, tmp_path / "ckpt" / "floater_warm.seed1", "floater_warm")
     assert decide("floater_warm", 1, models, str(out), str(tmp_path / "ckpt" / "floater_warm.seed1"), "r",
-                  probe=True, probe_retrain=True) == "unprobed"
+                  probe=True, probe_retrain=retrain) == "unprobed-fine-tune"

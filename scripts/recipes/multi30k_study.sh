@@ -301,14 +301,10 @@ run_one() {
     $([ "$PROBE_RETRAIN" = 0 ] || echo --probe-retrain)) || return 1
   case $decision in
     skip) echo "== $name: skipped (done: $result)"; return 0 ;;
-    unprobed)
-      case $model in
-        floater_warm|transformer_ft) echo "== $name: skipped (done: $result); it has no length probe and its" \
-          "checkpoints are not here (a fine-tune is not trained again for its probe)" ;;
-        *) echo "== $name: skipped (done: $result); it has no length probe and its checkpoints are not here:" \
-          "PROBE_RETRAIN=1 trains it again with the same command to probe it" ;;
-      esac
-      return 0 ;;
+    unprobed) echo "== $name: skipped (done: $result); it has no length probe and its checkpoints are not here:" \
+      "PROBE_RETRAIN=1 trains it again with the same command to probe it"; return 0 ;;
+    unprobed-fine-tune) echo "== $name: skipped (done: $result); it has no length probe and its checkpoints are" \
+      "not here (a fine-tune is not trained again for its probe)"; return 0 ;;
     probe) probe_only=1 ;;  # finished before the length probe existed; its evaluated checkpoint is here
     reprobe) reprobe=1  # trained again with the same command, then probed; the recorded result is kept
       echo "== $name: done ($result), without its length probe, and its checkpoints are not here: trained again" \

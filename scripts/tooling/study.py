@@ -528,7 +528,7 @@ def decide(model, seed, models, out, run_dir, recipe, probe=False, probe_retrain
     is the recorded run's (trained here: its test.json is older than the result), else "reprobe" with
     probe_retrain (train it again with the same command, resuming, and probe that; the recorded result is kept)
     or "unprobed" (skipped, and the recipe says why). A fine-tune is not trained again for its probe: it would
-    continue a transformer trained again, not the one it continued."""
+    continue a transformer trained again, not the one it continued ("unprobed-fine-tune")."""
     def done(path):
         return os.path.isfile(path) and os.path.getsize(path) > 0
 
@@ -538,14 +538,17 @@ def decide(model, seed, models, out, run_dir, recipe, probe=False, probe_retrain
     if recorded_recipe(result) != recipe:
         fail(f"{result} was made with another recipe; remove it (and its checkpoints) to run it again")
     pending = any(not done(os.path.join(out, "runs", f"{m}.seed{seed}.json")) for m in models if m in FINE_TUNES)
-    test_json, note = os.path.join(run_dir, "test.json"), os.path.join(run_dir, "retrain.txt")
-    if model == "transformer" and pending and (
-            not done(test_json) or (os.path.getmtime(test_json) > os.path.getmtime(result) and not done(note))):
+    test_json = os.path.join(run_dir, "test.json")
+    retrained = done(os.path.join(run_dir, "retrain.txt"))
+    # a test.json newer than the result is a later training's (finished once retrain.txt exists)
+    tested_after = done(test_json) and os.path.getmtime(test_json) > os.path.getmtime(result)
+    if model == "transformer" and pending and (not done(test_json) or (tested_after and not retrained)):
         return "retrain"
     if not probe or done(os.path.join(out, "runs", f"{model}.seed{seed}.probe.json")):
         return "skip"
-    trained_here = (done(test_json) and os.path.getmtime(test_json) <= os.path.getmtime(result)
-                    and not done(note))
+    trained_here = done(test_json) and not tested_after and not retrained
     if trained_here and done(os.path.join(run_dir, "average.pt")):
         return "probe"
-    return "reprobe" if probe_retrain and model not in FINE_TUNES else "unprobed"
+    if model in FINE_TUNES:
+        return "unprobed-fine-tune"
+    return "reprobe" if probe_retrain else "unprobed"
