@@ -39,7 +39,10 @@ Differences (table --data): per bucket, a model's mean per-seed BLEU minus the r
 transformer), with the study's paired bootstrap over seeds and probes (tooling/bootstrap.py). Its unit is a
 starting point (the sufficient statistics of its probes in the bucket summed): probes from one starting point
 share their first sentences, probes from two starting points share none (k < the stride), so resampling single
-probes would count the same sentences as independent.
+probes would count the same sentences as independent. Repeats (table --data, too): per bucket, the share of an
+output's 4-grams that occurred earlier in the same output, beside the references' own share. An output that loops
+("im im im ...") runs past the reference's length and, with no brevity penalty, can score a higher BLEU than one
+that stops short: this column tells the two apart.
 
 Cost on Multi30k (the study's 4+4-layer d = 128 model, one thread): trained on all lengths, L = 49 and k = 1..12,
 240 probes of 21,442 source tokens (1.4× the test set); a 1-epoch model, whose outputs often ran to the cap (the
@@ -62,7 +65,7 @@ import time
 import numpy as np
 
 from tooling.atomic import write_json, write_text
-from tooling.bleu import METHOD_LOWERCASE, read_hypotheses, tokenized_bleu, tokenized_metric
+from tooling.bleu import METHOD_LOWERCASE, prepare, read_hypotheses, tokenized_bleu, tokenized_metric
 from tooling.paths import REPO, portable
 
 PROBE_FILE = re.compile(r"(\w+)\.seed(\d+)\.probe\.json")
@@ -120,6 +123,21 @@ def scores(hyps, refs):
     ref_sentences = sum(sentences(r) for r in refs)
     return {"bleu_tok_lc": round(bleu.score, 2), "hyp_ref_ratio": round(bleu.sys_len / bleu.ref_len, 3),
             "hyp_ref_sentences": round(sum(sentences(h) for h in hyps) / ref_sentences, 3) if ref_sentences else None}
+
+
+def repeated_ngrams(lines, n=4):
+    """(repeated, all) n-grams of the lines in tok-lc tokens (as BLEU counts them): an n-gram is repeated where it
+    occurred earlier in the same line. An output that loops (\"im im im ...\") repeats most of its n-grams; a
+    translation of k joined captions, few."""
+    repeated = total = 0
+    for line in lines:
+        words, seen = prepare(line, lowercase=True, compounds=False).split(), set()
+        for i in range(len(words) - n + 1):
+            gram = tuple(words[i:i + n])
+            repeated += gram in seen
+            seen.add(gram)
+        total += max(0, len(words) - n + 1)
+    return repeated, total
 
 
 def longest_training(data, src, tgt):
@@ -331,8 +349,11 @@ def table(args):
                 cells = [mean_std([r["buckets"][i].get(key) for r in group]) for i in range(len(heads))]
                 lines.append(f"| {model} | {len(group)} | " + " | ".join(cells) + " |")
         lines.append("")
-    if getattr(args, "data", None) and args.reference in results:
-        lines += delta_lines(args, results, models, first, heads)
+    if getattr(args, "data", None):
+        probes, members, hyps = probe_outputs(args, results, models, first)
+        lines += repeat_lines(results, models, probes, members, hyps, heads)
+        if args.reference in results:
+            lines += delta_lines(args, results, models, probes, members, hyps, heads)
     shares = [r.get("train_multi_sentence_targets") for r in runs]
     known = [x for x in shares if x is not None]
     if known and max(known) < SINGLE_SENTENCE_SHARE:
@@ -366,12 +387,9 @@ def table(args):
     print(text, end="")
 
 
-def delta_lines(args, results, models, first, heads):
-    """Per bucket, each model's mean per-seed BLEU difference to args.reference with its 95% interval over seeds
-    and probes (tooling/bootstrap.py), from the hypotheses and the probes rebuilt from args.data."""
-    from tooling.bleu import tokenized_stats
-    from tooling.bootstrap import compare
-
+def probe_outputs(args, results, models, first):
+    """The probes rebuilt from args.data (refused unless they are the runs'), each bucket's probe indices, and each
+    run's hypotheses by name."""
     probes, longest, _, _ = load_probes(args.data, args.src, args.tgt, first["per_k"], first["beyond"],
                                         max(first["ks"]))
     if longest != first["train_longest_source"] or [p[0] for p in probes[::first["per_k"]]] != first["ks"]:
@@ -384,6 +402,41 @@ def delta_lines(args, results, models, first, heads):
             hyps[r["name"]] = read_lines(path, "--runs")
             if len(hyps[r["name"]]) != len(probes):
                 fail(f"{path}: {len(hyps[r['name']])} hypotheses for {len(probes)} probes")
+    edges = first["edges"]
+    members = [[i for i, p in enumerate(probes) if bucket_of(p[4] / longest, edges) == b]
+               for b in range(len(edges) + 1)]
+    return probes, members, hyps
+
+
+def repeat_lines(results, models, probes, members, hyps, heads):
+    """Per bucket, the share of the outputs' 4-grams that repeat one earlier in the same output (mean ± std over
+    seeds), under the references' own share: outputs that loop can score a higher BLEU than outputs that stop."""
+    def share(lines):
+        repeated, total = repeated_ngrams(lines)
+        return repeated / total if total else None
+
+    lines = ["**Repeated 4-grams** (the share of an output's 4-grams, tok-lc tokens, that occurred earlier in the "
+             "same output, mean ± std over seeds; the references' own share first. An output that loops repeats "
+             "most of its 4-grams; BLEU counts its repeated words up to their count in the reference and, unlike "
+             "an output that stops short, gives it no brevity penalty: its higher BLEU is not better translation)", "",
+             "| model | runs | " + " | ".join(heads) + " |", "|---" * (len(heads) + 2) + "|",
+             "| references | | " + " | ".join(mean_std([share([probes[i][3] for i in idx])]) if idx else "–"
+                                               for idx in members) + " |"]
+    for model in models:
+        group = list(results.get(model, {}).values())
+        if group:
+            cells = [mean_std([share([hyps[r["name"]][i] for i in idx]) for r in group]) if idx else "–"
+                     for idx in members]
+            lines.append(f"| {model} | {len(group)} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def delta_lines(args, results, models, probes, members, hyps, heads):
+    """Per bucket, each model's mean per-seed BLEU difference to args.reference with its 95% interval over seeds
+    and probes (tooling/bootstrap.py), from the hypotheses and the probes rebuilt from args.data."""
+    from tooling.bleu import tokenized_stats
+    from tooling.bootstrap import compare
+
     # the unit resampled is a starting point: its probes of different k in one bucket share sentences, probes of
     # different starting points none (k < the stride); a starting point's sufficient statistics add up
     summed_stats = {}  # (run, bucket): the reference's are asked for once per model
@@ -402,8 +455,6 @@ def delta_lines(args, results, models, first, heads):
         np.add.at(summed, [starts.index(probes[i][1]) for i in idx], rows)
         return summed
 
-    edges = first["edges"]
-    members = [[i for i, p in enumerate(probes) if bucket_of(p[4] / longest, edges) == b] for b in range(len(heads))]
     reference = results[args.reference]  # seed: result, the seed as the file name gives it
     lines = [f"**Δ BLEU tok-lc against {args.reference}** (the mean over the common seeds of seed s minus seed s "
              f"of {args.reference}; in brackets its 95% interval from the study's paired bootstrap over seeds and "
@@ -458,8 +509,9 @@ def main():
     t.add_argument("--models", required=True)
     t.add_argument("--seeds", required=True)
     t.add_argument("--out", help="also write the table here")
-    t.add_argument("--data", help="the runs' data directory (as for score): adds each model's difference to "
-                                  "--reference per bucket, with its interval over seeds and probes")
+    t.add_argument("--data", help="the runs' data directory (as for score): adds each model's share of repeated "
+                                  "4-grams and its difference to --reference per bucket, with its interval over "
+                                  "seeds and probes")
     t.add_argument("--reference", default="transformer",
                    help="the model the differences are to (default transformer)")
     t.add_argument("--src", default="en")

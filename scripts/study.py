@@ -94,7 +94,8 @@ def main():
                         help="table (of every finished run in --runs), the probe's table, portable paths, the plot")
     tb.add_argument("--plot-title", default="validation loss")
     tb.add_argument("--probe-data", help="the runs' data directory (length_probe.py score --data): the probe's "
-                                         "table adds each model's difference to the transformer per bucket")
+                                         "table adds each model's repeated 4-grams and difference to the "
+                                         "transformer per bucket")
     n = sub.add_parser("retrain-note")
     n.add_argument("--recorded", required=True, help="the recorded run's JSON")
     n.add_argument("--test-json", required=True, help="scripts/generate.sh output of the run trained again")

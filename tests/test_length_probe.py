@@ -4,10 +4,12 @@ k's) score is the tokenized lowercased BLEU of exactly its probes, with the rati
 sentences that shows an output stopping after its first sentence, and the share of multi-sentence training targets
 that says whether joined probes are in the training distribution; decoding is scripts/generate.sh's, results are
 atomic and portable, bad input is one line; the table is mean ± std over seeds and says when the models were
-trained on single sentences."""
+trained on single sentences; with the runs' data, it adds the repeated 4-grams that show an output looping and each
+model's difference to the transformer."""
 import json
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
@@ -15,7 +17,14 @@ from conftest import REPO, env, run
 from helpers.small_task import run1, small_data, train_cmd
 
 import length_probe
-from tooling.bleu import tokenized_bleu
+from tooling.bleu import prepare, tokenized_bleu
+
+
+def naive_repeats(lines, n=4):
+    """(repeated, all) n-grams: each n-gram occurring c times in one line repeats c - 1 times."""
+    grams = [Counter(zip(*(words[i:] for i in range(n)))) for words in
+             (prepare(line, lowercase=True, compounds=False).split() for line in lines)]
+    return sum(c - 1 for g in grams for c in g.values()), sum(sum(g.values()) for g in grams)
 
 
 def probe_cmd(data, checkpoint, out, *extra):
@@ -196,6 +205,13 @@ def fake_result(name, model, bleus, ratios, longest=20, sentences=(1.0, 0.5, 0.3
                                                       sentences)]}
 
 
+def test_repeated_ngrams_are_those_seen_earlier_in_the_same_line():
+    lines = ["Ein Mann im Park.", "im im im im im im", "Ein Hund , ein Hund , ein Hund , ein Hund .", "kurz"]
+    assert length_probe.repeated_ngrams(lines) == naive_repeats(lines) == (0 + 2 + 5, 2 + 3 + 9 + 0)
+    # the same 4-gram in two lines is no repeat: each line is one output
+    assert length_probe.repeated_ngrams(["a b c d", "a b c d"]) == (0, 2)
+
+
 def test_table_mean_and_std_over_seeds(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -243,7 +259,8 @@ def test_table_mean_and_std_over_seeds(tmp_path):
 
 def test_table_differences_to_the_transformer_per_bucket(trained, tmp_path, monkeypatch, capsys):
     """With the runs' data, the table adds each model's mean per-seed BLEU difference to the transformer per bucket,
-    from the hypotheses and the probes rebuilt from the data, with its interval over seeds and probes."""
+    from the hypotheses and the probes rebuilt from the data, with its interval over seeds and probes, and each
+    model's share of repeated 4-grams per bucket (an output that loops) below the references' own."""
     data, checkpoint = trained
     runs = tmp_path / "runs"
     run1(probe_cmd(data, checkpoint, runs / "transformer.seed1.probe.json", "--per-k", "8"))
@@ -258,7 +275,7 @@ def test_table_differences_to_the_transformer_per_bucket(trained, tmp_path, monk
     refs = [p[3] for p in probes]
     hyps = {"transformer.seed1": (runs / "transformer.seed1.probe.hyp").read_text(encoding="utf-8").splitlines(),
             "transformer.seed2": [" ".join(r.split()[:-2]) for r in refs],
-            "relative.seed1": refs, "relative.seed2": [" ".join(r.split()[1:]) for r in refs]}
+            "relative.seed1": refs, "relative.seed2": [" ".join(r.split()[1:] + r.split()[1:5] * 6) for r in refs]}
     for name, lines in hyps.items():
         (runs / f"{name}.probe.hyp").write_text("".join(h + "\n" for h in lines), encoding="utf-8")
         (runs / f"{name}.probe.json").write_text(json.dumps({**first, "name": name, "hypotheses": f"{name}.probe.hyp"}))
@@ -292,6 +309,26 @@ def test_table_differences_to_the_transformer_per_bucket(trained, tmp_path, monk
         value, interval = cell.split(" ", 1)
         low, high = (float(x) for x in interval.strip("[]").split(","))
         assert float(value) == pytest.approx(effect, abs=0.006) and low <= float(value) <= high
+    repeats = table("1 2").split("**Repeated 4-grams**")[1].split("**Δ BLEU")[0].splitlines()
+
+    def cells(head):
+        return [c.strip() for c in next(line for line in repeats if line.startswith(head)).strip("|").split("|")][2:]
+
+    checked = 0
+    for b, (ref_cell, cell) in enumerate(zip(cells("| references |"), cells("| relative | 2 |"))):
+        idx = [j for j, p in enumerate(probes) if length_probe.bucket_of(p[4] / longest, first["edges"]) == b]
+        share = {name: naive_repeats([hyps[name][j] for j in idx]) for name in ("relative.seed1", "relative.seed2")}
+        if not idx or not share["relative.seed1"][1]:  # no probe, or references shorter than 4 tokens
+            assert ref_cell == "–"
+            continue
+        share = {name: repeated / total for name, (repeated, total) in share.items()}
+        assert float(ref_cell) == pytest.approx(share["relative.seed1"], abs=0.006)  # relative.seed1 is the references
+        mean, std = (float(x) for x in cell.split(" ± "))
+        assert mean == pytest.approx((share["relative.seed1"] + share["relative.seed2"]) / 2, abs=0.006)
+        assert std == pytest.approx(abs(share["relative.seed1"] - share["relative.seed2"]) / 2 ** 0.5, abs=0.006)
+        assert share["relative.seed2"] > share["relative.seed1"]  # the looping outputs
+        checked += 1
+    assert checked
     one = table("1").split("**Δ BLEU tok-lc against transformer**")[1]
     assert "| relative | 1 | " in one and "(one seed)" in one
     # data the runs were not probed on: one line, not a table
