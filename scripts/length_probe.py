@@ -127,7 +127,7 @@ def scores(hyps, refs):
 
 def repeated_ngrams(lines, n=4):
     """(repeated, all) n-grams of the lines in tok-lc tokens (as BLEU counts them): an n-gram is repeated where it
-    occurred earlier in the same line. An output that loops (\"im im im ...\") repeats most of its n-grams; a
+    occurred earlier in the same line. An output that loops ("im im im ...") repeats most of its n-grams; a
     translation of k joined captions, few."""
     repeated = total = 0
     for line in lines:
@@ -410,7 +410,7 @@ def probe_outputs(args, results, models, first):
 
 def repeat_lines(results, models, probes, members, hyps, heads):
     """Per bucket, the share of the outputs' 4-grams that repeat one earlier in the same output (mean ± std over
-    seeds), under the references' own share: outputs that loop can score a higher BLEU than outputs that stop."""
+    seeds), beside the references' own share: outputs that loop can score a higher BLEU than outputs that stop."""
     def share(lines):
         repeated, total = repeated_ngrams(lines)
         return repeated / total if total else None
