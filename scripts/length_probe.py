@@ -106,6 +106,14 @@ def bucket_of(ratio, edges):
     return next((i for i, e in enumerate(edges) if ratio <= e), len(edges))
 
 
+def bucket_members(probes, longest, edges):
+    """Each bucket's probe indices (len(edges) + 1 buckets), by source length relative to longest."""
+    members = [[] for _ in range(len(edges) + 1)]
+    for i, p in enumerate(probes):
+        members[bucket_of(p[4] / longest, edges)].append(i)
+    return members
+
+
 def sentences(text):
     """How many sentences a line holds: its sentence ends (a line without end punctuation holds none)."""
     return len(SENTENCE_END.findall(text))
@@ -255,9 +263,7 @@ def score(args):
     with tempfile.TemporaryDirectory(prefix="length_probe.") as tmp:
         hyps, pieces, seconds, cpu_seconds = decode(args, probes, tmp)
     labels = bucket_labels(edges)
-    members = [[] for _ in labels]
-    for i, p in enumerate(probes):
-        members[bucket_of(p[4] / longest_src, edges)].append(i)
+    members = bucket_members(probes, longest_src, edges)
     buckets = []
     for b, (label, idx) in enumerate(zip(labels, members)):
         row = {"bucket": label, "lo": edges[b - 1] if b else 0, "hi": edges[b] if b < len(edges) else None,
@@ -402,10 +408,7 @@ def probe_outputs(args, results, models, first):
             hyps[r["name"]] = read_lines(path, "--runs")
             if len(hyps[r["name"]]) != len(probes):
                 fail(f"{path}: {len(hyps[r['name']])} hypotheses for {len(probes)} probes")
-    edges = first["edges"]
-    members = [[i for i, p in enumerate(probes) if bucket_of(p[4] / longest, edges) == b]
-               for b in range(len(edges) + 1)]
-    return probes, members, hyps
+    return probes, bucket_members(probes, longest, first["edges"]), hyps
 
 
 def repeat_lines(results, models, probes, members, hyps, heads):
@@ -420,13 +423,13 @@ def repeat_lines(results, models, probes, members, hyps, heads):
              "most of its 4-grams; BLEU counts its repeated words up to their count in the reference and, unlike "
              "an output that stops short, gives it no brevity penalty: its higher BLEU is not better translation)", "",
              "| model | runs | " + " | ".join(heads) + " |", "|---" * (len(heads) + 2) + "|",
-             "| references | | " + " | ".join(mean_std([share([probes[i][3] for i in idx])]) if idx else "–"
-                                               for idx in members) + " |"]
+             "| references | | " + " | ".join(mean_std([share([probes[i][3] for i in idx])]) for idx in members)
+             + " |"]
     for model in models:
         group = list(results.get(model, {}).values())
         if group:
-            cells = [mean_std([share([hyps[r["name"]][i] for i in idx]) for r in group]) if idx else "–"
-                     for idx in members]
+            # an empty bucket, or outputs shorter than 4 tokens, have no share: "–"
+            cells = [mean_std([share([hyps[r["name"]][i] for i in idx]) for r in group]) for idx in members]
             lines.append(f"| {model} | {len(group)} | " + " | ".join(cells) + " |")
     return lines + [""]
 
