@@ -18,6 +18,7 @@ the rounding hides). All processes run with one intra-op thread (small_task.ONE_
 pytorch_ddp runs without --find-unused-parameters because the fairseq patch removes the BetterTransformer
 parameter copies that fairseq 0.12.2's encoder layers hold and never use (unpatched, it fails at update 2).
 """
+import re
 import subprocess
 import sys
 
@@ -27,6 +28,8 @@ from conftest import REPO
 from helpers.small_task import assert_same_model, last_valid_loss, run1, small_data, train_cmd, two_ranks
 
 MAX_UPDATE = 6
+AUTHORS = ("--floater-update-every 3 --floater-cache-whole-bias --floater-dt 0.01 --floater-adjoint "
+           "--floater-flow-init xavier")
 FP16_RTOL = 1e-4  # measured: 2 of 4,160 entries of one θ tensor differ by one fp16 subnormal step (2.4e-6)
 _REFERENCE = {}
 
@@ -69,11 +72,21 @@ def single_process(data, root, arch, *extra):
     # divides each rank's fp16 gradient by the world size before summing, which rounds fp16's subnormals (the
     # single process sums first): equal up to that rounding (FP16_RTOL)
     ("floater_transformer_tiny --floater-update-every 3 --fp16 --fp16-init-scale 16", "legacy_ddp"),
+    # FLOATER as its authors' code trains it (configs/scheme/floater_*_authors.yaml, the refresh scaled to 3):
+    # b(0) sits out the cached updates with θ (may_skip_update too), Δ = 0.01, the adjoint, Xavier W2; in fp16
+    # as the WMT14 recipe trains it
+    pytest.param(f"floater_transformer_tiny {AUTHORS}", "legacy_ddp", id="floater_authors-legacy_ddp"),
+    pytest.param(f"floater_transformer_tiny {AUTHORS} --find-unused-parameters", "pytorch_ddp",
+                 id="floater_authors-pytorch_ddp"),
+    pytest.param(f"floater_transformer_tiny {AUTHORS} --fp16 --fp16-init-scale 16", "legacy_ddp",
+                 id="floater_authors_fp16-legacy_ddp"),
 ])
 def test_two_ranks_equal_one_process_with_update_freq_2(data, tmp_path_factory, tmp_path, arch, backend):
     arch, *extra = arch.split()
     save = tmp_path / "ddp"
-    ranks = two_ranks(data, save, arch, *extra, "--ddp-backend", backend, log_prefix=tmp_path / "rank",
+    whole = "--floater-cache-whole-bias" in extra  # checkpoints at updates 4 and 6 (sits_out_between_re_solves)
+    ranks = two_ranks(data, save, arch, *extra, "--ddp-backend", backend,
+                      *(["--save-interval-updates", "2"] if whole else []), log_prefix=tmp_path / "rank",
                       max_update=MAX_UPDATE, wrap=fp16_on_cpu)
     logs = [log for _, log in ranks]
     for rank, (returncode, log) in enumerate(ranks):
@@ -87,6 +100,27 @@ def test_two_ranks_equal_one_process_with_update_freq_2(data, tmp_path_factory, 
     assert_same_model(ref_save / "checkpoint_last.pt", save / "checkpoint_last.pt", rtol=FP16_RTOL if fp16 else 0)
     if not fp16:
         assert last_valid_loss(logs[0]) == last_valid_loss(ref_log)
+    if whole:
+        sits_out_between_re_solves(save)
+
+
+def sits_out_between_re_solves(save):
+    """--floater-update-every 3 --floater-cache-whole-bias: updates 4 and 5 reuse update 3's biases, so θ and every
+    driven b(0) are the same after them as before (no gradient, no optimizer step, not even Adam's momentum), while
+    the rest of the model trains on."""
+    import torch
+
+    def params(updates):
+        (path,) = save.glob(f"checkpoint_*_{updates}.pt")
+        return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+    before, after = params(4), params(6)
+    flow = [k for k in before if ".position_scheme." in k and ".dynamics." in k]
+    b0 = [k for k in before if re.search(r"layers\.\d+\.(self_attn|encoder_attn)\.[qkv]_proj\.bias$", k)]
+    assert len(flow) == 3 * 4 and len(b0) == 2 * 3 + 2 * 6  # three flows; tiny: 2 + 2 layers
+    for key in flow + b0:
+        assert torch.equal(before[key], after[key]), key
+    assert not torch.equal(before["encoder.layers.0.fc1.weight"], after["encoder.layers.0.fc1.weight"])
 
 
 def test_pytorch_ddp_without_find_unused_parameters_is_refused_in_one_line(data, tmp_path):

@@ -430,6 +430,7 @@ def parse(argv, capsys):
     ("--floater-update-every", "0", "argument --floater-update-every: must be > 0, got 0"),
     ("--floater-hidden", "0", "argument --floater-hidden: must be > 0, got 0"),
     ("--floater-layers", "some", "argument --floater-layers: invalid choice: 'some'"),
+    ("--floater-flow-init", "normal", "argument --floater-flow-init: invalid choice: 'normal'"),
 ])
 def test_bad_flags_give_one_error_line(flag, value, message, capsys):
     code, out = parse(["--arch", "floater_transformer_tiny", flag, value], capsys)
@@ -445,12 +446,15 @@ def test_flags_in_help_and_defaults(capsys):
     for flag in ("--floater-dt D grid spacing", "--floater-method SOLVER torchdiffeq solver",
                  "--floater-rtol R relative", "--floater-atol A absolute", "--floater-adjoint back-propagate",
                  "--floater-hidden H hidden width", "--floater-update-every N re-solve",
-                 "--floater-cuda-graph on CUDA, replay", "--floater-layers {all,input} blocks"):
+                 "--floater-cuda-graph on CUDA, replay", "--floater-layers {all,input} blocks",
+                 "--floater-cache-whole-bias with --floater-update-every N > 1",
+                 "--floater-flow-init {zero,xavier} initial output layer"):
         assert flag in text
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=[
         "data-bin", "--user-dir", "fairseq_plugins", "--arch", "floater_transformer_tiny"])
     assert (args.floater_dt, args.floater_method, args.floater_update_every, args.floater_layers,
-            args.floater_adjoint, args.floater_hidden) == (0.1, "rk4", 1, "all", False, None)
+            args.floater_adjoint, args.floater_hidden, args.floater_cache_whole_bias,
+            args.floater_flow_init) == (0.1, "rk4", 1, "all", False, None, False, "zero")
     assert (args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.encoder_layers,
             args.encoder_attention_heads) == (64, 64, 2, 2)  # fairseq's transformer_tiny
 
@@ -461,6 +465,8 @@ def test_flags_in_help_and_defaults(capsys):
     (dict(floater_update_every=0), "--floater-update-every must be"),
     (dict(floater_hidden=0), "--floater-hidden must be"),
     (dict(floater_layers="most"), "--floater-layers must be"),
+    (dict(floater_cache_whole_bias=True), "--floater-cache-whole-bias needs --floater-update-every N > 1"),
+    (dict(floater_flow_init="normal"), "--floater-flow-init must be 'zero' or 'xavier'"),
     (dict(cross_self_attention=True), "does not support --cross-self-attention"),
 ])
 def test_bad_settings_rejected_at_build(setting, message):
@@ -477,7 +483,7 @@ def test_adaptive_solver_and_adjoint_train():
 def test_archs_are_fairseqs_with_floater_defaults():
     floater_defaults = dict(floater_dt=0.1, floater_method="rk4", floater_rtol=1e-4, floater_atol=1e-6,
                             floater_adjoint=False, floater_hidden=None, floater_update_every=1, floater_layers="all",
-                            floater_cuda_graph=False)
+                            floater_cuda_graph=False, floater_cache_whole_bias=False, floater_flow_init="zero")
     for suffix in ("", "_wmt_en_de", "_vaswani_wmt_en_de_big", "_vaswani_wmt_en_fr_big", "_tiny"):
         ours, theirs = argparse.Namespace(), argparse.Namespace()
         ARCH_CONFIG_REGISTRY["floater_transformer" + suffix](ours)

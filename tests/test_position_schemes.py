@@ -821,7 +821,8 @@ OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-
                 "--cross-prior-ratio": "1.5", "--cross-prior-slopes": "learned",
                 "--floater-dt": "0.2", "--floater-method": "euler", "--floater-rtol": "0.001",
                 "--floater-atol": "1e-05", "--floater-adjoint": None, "--floater-hidden": "32",
-                "--floater-update-every": "2", "--floater-cuda-graph": None, "--floater-layers": "input"}
+                "--floater-update-every": "2", "--floater-cuda-graph": None, "--floater-layers": "input",
+                "--floater-cache-whole-bias": None, "--floater-flow-init": "xavier"}
 OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]  # a prior's: tests/test_cross_prior.py
 
 
@@ -886,7 +887,8 @@ def test_a_flag_of_one_scheme_on_another_is_refused_in_one_line(owner, flag):
     others = [s.name for s in STACK_ROWS if s.name != owner]
     other = others[[f.flag for _, f in OWNED].index(flag) % len(others)]
     companions = {"--rope-scaling": ("--rope-scaling-factor", "2"), "--rope-scaling-factor": ("--rope-scaling", "linear"),
-                  "--rope-original-length": ("--rope-scaling", "yarn", "--rope-scaling-factor", "2")}.get(flag, ())
+                  "--rope-original-length": ("--rope-scaling", "yarn", "--rope-scaling-factor", "2"),
+                  "--floater-cache-whole-bias": ("--floater-update-every", "2")}.get(flag, ())
     value = OTHER_VALUES[flag]
     given = (flag,) if value is None else value if isinstance(value, tuple) else (flag, value)
     args = _model_args(owner, *given, *companions)

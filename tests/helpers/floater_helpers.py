@@ -85,7 +85,8 @@ def train_updates(model, n_updates, seed=0):
         solves_before = enc_flow.num_solves
         model(*batch(seed=seed + k))[0].pow(2).mean().backward()
         theta_grad = sum(float(p.grad.abs().sum()) if p.grad is not None else 0.0 for p in theta)
-        yield dict(update=k, theta_grad=theta_grad, b0_grad=float(b0.grad.abs().sum()),
+        b0_grad = float(b0.grad.abs().sum()) if b0.grad is not None else 0.0  # None: b(0) sat out
+        yield dict(update=k, theta_grad=theta_grad, b0_grad=b0_grad,
                    solved=enc_flow.num_solves > solves_before)
         opt.step()
         model.set_num_updates(k + 1)

@@ -33,16 +33,18 @@ exact starting point (``scripts/transformer_to_floater.py``).
 
 Initialisation: W1 is Xavier-normal with c1 = 0 (as in the authors' code); W2 and c2 start at zero, so
 a new flow has h ≡ 0 and a new model starts as the sinusoidal Transformer it can also be converted from.
-(The authors' code also draws W2 Xavier-normal; at d = 512 the biases then grow about 60-fold by position
-50 and 2000-fold by position 100 at Δ = 0.1, roughly like e^{0.75·t}.) W2 gets gradient from the first
-solve with gradient on, W1 from the second.
+(The authors' code also draws W2 Xavier-normal, ``--floater-flow-init xavier``; at d = 512 the biases then grow
+about 60-fold by position 50 and 2000-fold by position 100 at Δ = 0.1, roughly like e^{0.75·t}; their Δ = 0.01
+puts position 255 at t = 2.55.) With W2 = 0, W2 gets gradient from the first solve with gradient on, W1 from
+the second.
 
 Solver settings
 ---------------
 ``FloaterSettings`` is their one owner and holds their one default: Δ = 0.1 (the paper, Appendix B; the
 authors' code used 0.01), torchdiffeq's ``rk4`` with ``STEPS_PER_DT`` = 5 equal steps per Δ (the paper's
 RK4 at Δ/5) on a grid that contains every t_i exactly, rtol/atol for adaptive solvers, the adjoint, and
-``update_every`` (the paper's §4.4 cost trick, see ``flows.py``). It is validated when it is built, and
+``update_every`` (the paper's §4.4 cost trick, see ``flows.py``) and ``cache_whole_bias`` (what its cached
+updates reuse: Δb alone, or b(0) + Δb as the authors' code). It is validated when it is built, and
 every path builds one: the command line and Hydra configs (``FloaterSettings.from_args`` in the model's
 ``build_model``), ``scripts/transformer_to_floater.py`` (the same), tests (directly).
 
@@ -61,7 +63,7 @@ Mapping to code
 ---------------
 - ``FloaterDynamics.forward(t, y)``       h(τ, p; θ), torchdiffeq style.
 - ``FloaterSettings``                     the solver settings (the flags ``--floater-dt/-method/-rtol/-atol/
-  -adjoint/-update-every/-cuda-graph``), validated once.
+  -adjoint/-update-every/-cache-whole-bias/-cuda-graph``), validated once.
 - ``solve_on_grid``                       one dynamics' y(t_i) on the grid, one torchdiffeq call: the reference
   the tests compare the default solve with, and the solve of adaptive methods.
 """
@@ -81,6 +83,7 @@ SOLVER_NAMES: Tuple[str, ...] = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adap
 FIXED_GRID_SOLVERS = frozenset(("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams",
                                 "fixed_adams"))
 STEPS_PER_DT = 5  # fixed-grid step Δ/5 (paper, Appendix B)
+FLOW_INITS = ("zero", "xavier")  # W2 of a new flow: zero (h ≡ 0) or Xavier-normal (the authors' code)
 
 
 class FloaterSolverError(FloatingPointError):
@@ -104,6 +107,7 @@ class FloaterSettings:
     atol: float = 1e-6
     adjoint: bool = False  # torchdiffeq's odeint_adjoint instead of backprop through the steps
     update_every: int = 1  # re-solve with gradient every N updates (1: the exact gradient every update)
+    cache_whole_bias: bool = False  # cached updates reuse b(0) + Δb detached (b(0) too learns at re-solves only)
     cuda_graph: bool = False  # on CUDA, replay the default solve from captured CUDA graphs (opt-in)
 
     def __post_init__(self):
@@ -117,9 +121,13 @@ class FloaterSettings:
         if not (isinstance(self.update_every, int) and not isinstance(self.update_every, bool)
                 and self.update_every >= 1):
             raise ValueError(f"--floater-update-every must be an integer >= 1, got {self.update_every!r}")
+        if self.cache_whole_bias and self.update_every == 1:
+            raise ValueError("--floater-cache-whole-bias needs --floater-update-every N > 1 (with N = 1 no update "
+                             "reuses cached biases)")
         for name in ("dt", "rtol", "atol"):
             object.__setattr__(self, name, float(getattr(self, name)))
         object.__setattr__(self, "adjoint", bool(self.adjoint))
+        object.__setattr__(self, "cache_whole_bias", bool(self.cache_whole_bias))
         object.__setattr__(self, "cuda_graph", bool(self.cuda_graph))
         if self.cuda_graph and torch.version.hip is not None:
             # HIP invalidates a capture when another thread (NCCL's watchdog) queries an event, even in the
@@ -160,14 +168,20 @@ def _settings(cls, items: tuple) -> FloaterSettings:
 class FloaterDynamics(nn.Module):
     """h(τ, p; θ) = W2 [relu(W1 [p; τ] + c1); τ] + c2, applied to each row of a state (..., d)."""
 
-    def __init__(self, dim: int, hidden: Optional[int] = None):
+    def __init__(self, dim: int, hidden: Optional[int] = None, init: str = "zero"):
         super().__init__()
+        if init not in FLOW_INITS:
+            raise ValueError(f"--floater-flow-init must be one of {', '.join(FLOW_INITS)}, got {init!r}")
         hidden = hidden or dim
         self.fc1 = nn.Linear(dim + 1, hidden)
         self.fc2 = nn.Linear(hidden + 1, dim)
         nn.init.xavier_normal_(self.fc1.weight)  # as in the authors' code
         nn.init.zeros_(self.fc1.bias)
-        self.zero_output_()  # h ≡ 0 at initialisation: see "Initialisation" in the module docstring
+        if init == "xavier":  # the authors' code: both layers alike
+            nn.init.xavier_normal_(self.fc2.weight)
+            nn.init.zeros_(self.fc2.bias)
+        else:
+            self.zero_output_()  # h ≡ 0 at initialisation: see "Initialisation" in the module docstring
 
     def forward(self, t: Tensor, p: Tensor) -> Tensor:
         tau = t.to(p).expand(*p.shape[:-1], 1)  # the time, appended to each layer's input

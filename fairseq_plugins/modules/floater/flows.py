@@ -55,6 +55,10 @@ Cost and caching (paper §4.4 says one solve costs about 100 forward+backward pa
   the biases the interrupted one was reusing. The update counter is each flow's ``num_updates`` buffer, fed by
   fairseq's ``set_num_updates`` (the index of the update about to run) and saved in checkpoints, so the
   schedule survives a resume too.
+- ``cache_whole_bias`` (``--floater-cache-whole-bias``, the authors' code): the cached updates reuse the whole
+  bias of the re-solve, ``sg[b(0)_r + Δb_r(t_i)]``, so b(0) too takes no part in them (paused with θ, and
+  ``may_skip_update``): θ and b(0) learn at the re-solves only. The projection still adds today's b(0),
+  which the binding offsets: Δb' = sg[b(0)_r − b(0) + Δb_r], equal to the re-solve's bias up to one rounding.
 - Eval and inference: a separate cache. Δb is solved once per parameter version (without gradient: eval
   mode never back-propagates into θ) and reused; incremental decoding then costs no ODE work at all, and each
   decoding step adds one bias per projection, b(0) + Δb(t), to an ordinary linear map (the decoder keeps the
@@ -72,7 +76,8 @@ Cost and caching (paper §4.4 says one solve costs about 100 forward+backward pa
 - A non-finite solution raises ``FloaterSolverError`` naming the solver settings.
 
 The authors' code used Δ = 0.01 (the paper, Appendix B, states Δ = 0.1, the default here), fixed-step RK4
-at Δ/5, the adjoint method and a bias cache refreshed every 400 forwards.
+at Δ/5, the adjoint method and a cache of the whole bias refreshed every 400 forwards: the WMT14 schemes
+``floater_*_authors`` train that way as far as this code can (docs/wmt14.md lists what still differs).
 """
 
 import copy
@@ -177,14 +182,15 @@ class FloaterFlow(nn.Module):
     which its state dict carries (``_extra_state``) so that a resumed run continues exactly.
     """
 
-    def __init__(self, dim: int, hidden: Optional[int] = None, settings: FloaterSettings = DEFAULT_SETTINGS):
+    def __init__(self, dim: int, hidden: Optional[int] = None, settings: FloaterSettings = DEFAULT_SETTINGS,
+                 init: str = "zero"):
         super().__init__()
         hidden = hidden if hidden is not None else dim
         if not isinstance(settings, FloaterSettings):
             raise TypeError(f"FloaterFlow takes its solver settings as a FloaterSettings, "
                             f"got {type(settings).__name__}")
         self.settings = settings
-        self.dynamics = FloaterDynamics(dim, hidden)
+        self.dynamics = FloaterDynamics(dim, hidden, init)
         if settings.update_every > 1:
             # θ sits out the cached updates (pause_theta: no gradient, not even a zero one); an optimizer that
             # keeps flat parameter buffers (fairseq's FP16Optimizer) must then not step it, as fp32 optimizers
@@ -220,14 +226,16 @@ class FloaterFlow(nn.Module):
         self.resume_theta()
         return super().train(mode)
 
-    def pause_theta(self):
+    def pause_theta(self, initial_values: Sequence[Tensor] = ()):
         """A cached update: θ takes no part, so it gets no gradient, not even a zero one (DDP backends fill
         in zeros for parameters that require grad and have none, and Adam's momentum would then move θ).
+        ``initial_values``: b(0) parameters that sit out too (``cache_whole_bias``; they carry
+        ``may_skip_update`` from ``Floater.attach``).
         With update_every > 1 θ's parameters carry ``may_skip_update = True`` (set in ``__init__``): an
         optimizer with flat parameter buffers (fairseq's FP16Optimizer) keeps them apart and does not step
         them on such updates, as fp32 optimizers skip a parameter whose grad is None."""
         if not self._paused:
-            self._paused = [p for p in self.dynamics.parameters() if p.requires_grad]
+            self._paused = [p for p in (*self.dynamics.parameters(), *initial_values) if p.requires_grad]
             for p in self._paused:
                 p.requires_grad_(False)
 
@@ -392,9 +400,14 @@ class FloaterPositions:
                 caches = [_TrainCache(b.detach().clone(), _frozen_copy(flow.dynamics)) for flow, b in zip(flows, b0)]
                 self._canonical(caches, num_positions)  # now: the cached updates then do no solver work
             return [y - b.to(y.dtype) for y, b in zip(ys, b0)]
-        for flow in flows:
-            flow.pause_theta()
-        return self._canonical(caches, num_positions)
+        whole = lead.settings.cache_whole_bias
+        for flow, projections in self.members:
+            flow.pause_theta([proj.bias for proj in projections] if whole else ())
+        delta = self._canonical(caches, num_positions)
+        if whole:  # the re-solve's b(0) in place of today's, which the projection adds (paused: no gradient)
+            b0 = [b.detach() for b in self.initial_values()]
+            delta = [(c.y0.to(d.dtype) - b.to(d.dtype)) + d for c, b, d in zip(caches, b0, delta)]
+        return delta
 
     def _canonical(self, caches: List[_TrainCache], num_positions: int) -> List[Tensor]:
         """The cached Δb (at least num_positions rows), without gradient, from the re-solve's b(0) and θ alone:

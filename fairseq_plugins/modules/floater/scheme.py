@@ -25,6 +25,20 @@ Refused when the model is built: --checkpoint-activations and --offload-activati
 would run the projections after the binding ended), --quant-noise-pq (it changes the projections). With
 --floater-update-every N > 1 and --ddp-backend pytorch_ddp, pass --find-unused-parameters: the flows take no
 part in the updates that reuse cached biases (legacy_ddp needs nothing).
+
+FLOATER as its authors' code trains it (configs/scheme/floater_all_authors.yaml): ``--floater-dt 0.01
+--floater-adjoint --floater-flow-init xavier --floater-cache-whole-bias --floater-update-every N``, N = their 400
+forwards in updates of the recipe's batch. What still differs, one line each (docs/wmt14.md: the table, and why):
+- the re-solve counts optimizer updates, not forward calls: one schedule on any GPU count and --update-freq;
+- so every micro-batch of a re-solving update carries θ's gradient (theirs: the one forward that hits 400);
+- between re-solves θ and b(0) get no gradient (theirs: a zero one, which Adam's momentum still steps);
+- each solve covers the batch's longest sequence (theirs: 255 positions, no longer input): the same values;
+- the Δ/5 steps land on every t_i exactly (theirs: torchdiffeq's step_size grid): rounding only;
+- the solve runs in float32 under --fp16 (theirs: in the model's dtype);
+- rows follow fairseq's position numbering (theirs: the padded index, so left padding shifts a source);
+- b(0) is each projection's own bias, ±1/sqrt(d) (theirs: Xavier-uniform per stack, about 20% smaller);
+- a warm start converts the Transformer with W2 = 0 (``--floater-flow-init`` draws new flows only);
+- validation uses the current parameters' biases (theirs: the training cache between re-solves).
 """
 
 import functools
@@ -36,7 +50,7 @@ from torch import Tensor
 from ...flags import Flag, FlagError, boolean, one_of, positive
 from ..position_scheme import PositionScheme
 from .attention import Bindings, biased_projection, position_bindings, rows_from_padding_mask, step_bindings, token_rows
-from .dynamics import DEFAULT_SETTINGS, SOLVER_NAMES, FloaterSettings, FloaterSolverError
+from .dynamics import DEFAULT_SETTINGS, FLOW_INITS, SOLVER_NAMES, FloaterSettings, FloaterSolverError
 from .flows import FloaterFlow, FloaterPositions, _cache_size, describe_overflow
 
 _D = DEFAULT_SETTINGS
@@ -44,7 +58,8 @@ LAYERS = ("all", "input")
 
 
 def build_flow(cfg, dim):
-    return FloaterFlow(dim, hidden=cfg.floater_hidden or dim, settings=FloaterSettings.from_args(cfg))
+    return FloaterFlow(dim, hidden=cfg.floater_hidden or dim, settings=FloaterSettings.from_args(cfg),
+                       init=getattr(cfg, "floater_flow_init", None) or "zero")
 
 
 class Floater(PositionScheme):
@@ -70,6 +85,13 @@ class Floater(PositionScheme):
              f"(default {_D.update_every}: exact gradient every update); in between, cached biases are reused "
              "detached: b(0) still gets its gradient, the flow θ none (the paper's §4.4 cost trick)",
              _D.update_every),
+        Flag("--floater-cache-whole-bias", boolean, None, "with --floater-update-every N > 1, the updates in "
+             "between reuse the whole bias b(0) + Δb of the last re-solve, detached, so b(0) too learns at the "
+             "re-solves only, as in the authors' code (default: only Δb is reused and b(0) learns every update)",
+             _D.cache_whole_bias, switch=True),
+        Flag("--floater-flow-init", one_of(FLOW_INITS), "{zero,xavier}", "initial output layer W2 of a new flow: "
+             "zero (default: h ≡ 0, a new model is the sinusoidal Transformer) or xavier (Xavier-normal, as in the "
+             "authors' code)", "zero"),
         Flag("--floater-cuda-graph", boolean, None, "on CUDA, replay the default solve (rk4) of training forwards "
              "from captured CUDA graphs (one per bucket of lengths) instead of launching it step by step. Opt-in: "
              "verified on CPU by emulating CUDA graphs' buffer semantics, and on an H100 and an H200: gradients "
@@ -100,6 +122,8 @@ class Floater(PositionScheme):
             raise FlagError(f"--floater-hidden must be an integer >= 1, got {hidden!r}")
         if args.floater_layers not in LAYERS:
             raise FlagError(f"--floater-layers must be 'all' or 'input', got {args.floater_layers!r}")
+        if args.floater_flow_init not in FLOW_INITS:
+            raise FlagError(f"--floater-flow-init must be 'zero' or 'xavier', got {args.floater_flow_init!r}")
 
     @classmethod
     def build(cls, cfg, heads, head_dim, causal):
@@ -132,11 +156,16 @@ class Floater(PositionScheme):
         self._blocks += attention.self_attention
         if self.driven_blocks is not None and self._blocks > self.driven_blocks:
             return
+        driven = [attention.q_proj, attention.k_proj, attention.v_proj]
         if attention.self_attention:
-            self.projections += [attention.q_proj, attention.k_proj, attention.v_proj]
+            self.projections += driven
         else:  # the decoder's cross-attention: q by target position, k and v by source position
             self.projections.append(attention.q_proj)
-            self.cross_projections += [attention.k_proj, attention.v_proj]
+            self.cross_projections += driven[1:]
+        if self.flow.settings.cache_whole_bias:
+            # b(0) sits out the cached updates with θ (FloaterFlow.pause_theta): optimizers must know (as for θ)
+            for proj in driven:
+                proj.bias.may_skip_update = True
 
     def join(self, other: "Floater"):
         self.positions = other.positions = FloaterPositions.joined(self.positions, other.positions)
