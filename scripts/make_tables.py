@@ -7,7 +7,8 @@
 `--list paper` prints the experiments of the papers' tables, one a line, each once, in table order (with
 `--testset`, those of the tables on that test set): the cells the WMT14 loop in the README trains and
 evaluates. `--list newer` prints the other WMT14 cells (configs/wmt14/README.md: the newer schemes, which no paper table
-reports), for their own loop.
+reports), for their own loop; a scheme that only trains a paper cell's scheme another way (floater_all_authors) is in
+neither list (docs/wmt14.md runs it).
 
 The layout and the paper numbers come from results/paper_numbers.json: tables (FLOATER Table 2, Shaw Table 1,
 Shaw's k and a^V/a^K ablations), their rows and columns, and for each cell the experiment that reproduces it
@@ -104,9 +105,18 @@ def paper_experiments(paper_numbers, testset=None):
 
 
 def newer_experiments(paper_numbers, configs_dir=REPO / "configs"):
-    """The WMT14 cells that no paper table reports (the newer schemes), sorted."""
+    """The WMT14 cells that no paper table reports (the newer schemes), sorted. A cell whose scheme builds on the
+    scheme of a paper cell of the same pair and size (directly or through another scheme) is another protocol for
+    that cell (floater_all_authors: FLOATER as its authors' code trains it), run on its own (docs/wmt14.md), not a
+    newer scheme."""
     paper = set(paper_experiments(paper_numbers))
-    return [name for name in cells.wmt14_cells(configs_dir) if name not in paper]
+
+    def of_paper(name):  # the cell, or a cell its scheme builds on (through any chain of schemes), is a paper's
+        m = cells.CELL.fullmatch(name)
+        parent = cells.parent_scheme(m.group("scheme"), configs_dir)
+        return name in paper or (parent is not None and of_paper(name[: m.start("scheme")] + parent))
+
+    return [name for name in cells.wmt14_cells(configs_dir) if not of_paper(name)]
 
 
 def main():

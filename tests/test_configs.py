@@ -91,11 +91,34 @@ LATER_CELLS = sorted(f"wmt14_{p}_{s}_{scheme}" for scheme in LATER_SCHEMES for p
                      for s in ("base", "big"))
 
 
+# FLOATER as its authors' code trains it: the floater_all cell (warm-started or not) with their training flags
+AUTHORS_SCHEMES = {"floater_all_authors": "floater_all", "floater_all_authors_warm": "floater_all_warm"}
+AUTHORS_CELLS = sorted(f"wmt14_{p}_{s}_{scheme}" for scheme in AUTHORS_SCHEMES for p in ("en_de", "en_fr")
+                       for s in ("base", "big"))
+AUTHORS_FLAGS = {"model.floater_dt": 0.01, "model.floater_adjoint": True, "model.floater_cache_whole_bias": True,
+                 "model.floater_flow_init": "xavier"}
+
+
 def test_the_cells_are_the_flat_configs_they_replace():
     """The composed layout offers the 77 cells the flat configs/wmt14_*.yaml files of old were, and four cells of
     each scheme added since."""
-    assert sorted(set(CELLS) - set(LATER_CELLS)) == sorted(FLAT["cells"])
-    assert set(LATER_CELLS) <= set(CELLS)
+    assert sorted(set(CELLS) - set(LATER_CELLS) - set(AUTHORS_CELLS)) == sorted(FLAT["cells"])
+    assert set(LATER_CELLS) <= set(CELLS) and set(AUTHORS_CELLS) <= set(CELLS)
+
+
+@pytest.mark.parametrize("name", AUTHORS_CELLS)
+def test_an_authors_cell_is_the_floater_cell_with_their_training(name, composed):
+    """The floater_all(_warm) cell plus Δ = 0.01, the adjoint, the whole bias cached, Xavier W2, and the re-solve
+    every 400 forwards of the recipe's batch in updates: 400 / update_freq of the recipe's 8 GPUs."""
+    from omegaconf import OmegaConf
+
+    pair, size, method = parse(name)
+    got, want = (flatten(OmegaConf.to_container(composed(n)))
+                 for n in (name, f"wmt14_{pair}_{size}_{AUTHORS_SCHEMES[method]}"))
+    differences = {k: got.get(k) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+    every = 400 // got["optimization.update_freq"][0]
+    assert got["distributed_training.distributed_world_size"] == 8 and every == (400 if size == "base" else 25)
+    assert differences == {**AUTHORS_FLAGS, "model.floater_update_every": every}
 
 
 @pytest.mark.parametrize("name", LATER_CELLS)

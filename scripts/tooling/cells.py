@@ -47,6 +47,13 @@ def restriction(scheme, pair, size, config_dir=CONFIG_DIR):
     return None
 
 
+def parent_scheme(scheme, config_dir=CONFIG_DIR):
+    """The scheme a scheme's config builds on (the first plain entry of its defaults list: ``floater_all`` for
+    ``floater_all_authors``), or None."""
+    raw = yaml.safe_load((Path(config_dir) / "scheme" / f"{scheme}.yaml").read_text(encoding="utf-8")) or {}
+    return next((entry for entry in raw.get("defaults", []) if isinstance(entry, str) and entry != "_self_"), None)
+
+
 def allowed(group, config_dir=CONFIG_DIR):
     """The pairs and sizes a restriction group allows, as "en_de base, ..."."""
     return ", ".join(" ".join(p.stem.rsplit("_", 1)) for p in sorted((Path(config_dir) / group).glob("*.yaml")))
