@@ -159,7 +159,7 @@ def test_a_run_another_study_process_holds_is_left_to_it(corpus, tmp_path):
     ({"MODELS": "transformer shaw"}, "MODELS=\"transformer shaw\": unknown model 'shaw' (expected one of "
                                      "transformer learned every_layer shape cape randomized t5 alibi kerple fire rope "
                                      "nope alibi_sync relative floater "
-                                     "floater_warm transformer_ft)"),
+                                     "floater_warm transformer_ft floater_authors)"),
     ({"MODELS": "floater_warm"}, "MODELS=\"floater_warm\": floater_warm starts from the transformer of the same "
                                  "seed, so MODELS must list transformer"),
     ({"AVG": "3"}, "AVG=3: expected at most EPOCHS=1 checkpoints to average"),

@@ -55,3 +55,27 @@ def test_any_scheme_of_the_table_runs_by_name(corpus, first_run, tmp_path):
     assert "PARTIAL" not in more
     assert {r.split(" | ")[0]: r.split(" | ")[1] for r in more.splitlines() if re.match(r"\| \w+ \| \d+/\d+ \|", r)} == {
         "| transformer": "2/2", "| learned": "1/1", "| rope": "1/1"}
+
+
+def test_floater_authors_is_floater_with_the_wmt14_authors_flags(corpus, first_run, tmp_path):
+    """MODELS=floater_authors: FLOATER from scratch as its authors' code trains it, with the flags of the WMT14
+    scheme configs/scheme/floater_all_authors.yaml at a base recipe's update_freq 1 (the re-solve every 400
+    updates); its claim row puts this project's default against it."""
+    import yaml
+
+    from conftest import REPO
+
+    start_from(first_run, tmp_path)
+    study(corpus, tmp_path, MODELS="transformer floater_authors", SEEDS="1", PROBE="0")
+    run = json.loads((tmp_path / "results" / "runs" / "floater_authors.seed1.json").read_text())
+    assert run["arch"] == "floater_transformer_tiny"
+    log = (tmp_path / "ckpt" / "floater_authors.seed1" / "train.log").read_text(encoding="utf-8")
+    flags = {}
+    for part in ("scheme/floater_all_authors.yaml", "wmt14/model/floater_authors_base.yaml"):
+        flags.update(yaml.safe_load((REPO / "configs" / part).read_text(encoding="utf-8"))["model"])
+    assert set(flags) == {"floater_dt", "floater_adjoint", "floater_cache_whole_bias", "floater_flow_init",
+                          "floater_update_every"}
+    for key, value in flags.items():
+        assert f"{key}={value!r}" in log or f"'{key}': {value!r}" in log, key
+    table = (tmp_path / "results" / "table.md").read_text(encoding="utf-8")
+    assert "| floater_authors | 1/1 |" in table

@@ -18,6 +18,9 @@
 #   floater_warm    FLOATER by its paper's protocol: the same seed's trained transformer converted exactly
 #                   (scripts/transformer_to_floater.py), fine-tuned FT_EPOCHS epochs at half the peak lr
 #   transformer_ft  control: the same seed's transformer fine-tuned exactly like floater_warm, without FLOATER
+#   floater_authors FLOATER from scratch as its authors' code trains it (not in the default MODELS): floater with
+#                   FLOATER_AUTHORS below, the flags of configs/scheme/floater_all_authors.yaml at update_freq 1
+#                   (docs/wmt14.md: what still differs from their code)
 #   any other model name of the table of schemes (python -m fairseq_plugins models: learned, every_layer, shape,
 #                   cape, randomized, t5, alibi, kerple, fire, rope, nope, alibi_sync), its _tiny architecture with the dimensions of MODEL_ARGS;
 #                   shape with --shape-max-shift SHAPE_K (default 50: at least Multi30k's longest training sentence,
@@ -79,6 +82,9 @@ cd "$(dirname "$0")/../.."
 PAIR=${PAIR:-en-de}
 SRC=${PAIR%-*} TGT=${PAIR#*-}
 MODELS=${MODELS:-"transformer relative floater floater_warm transformer_ft"}
+# their Δ, adjoint, Xavier W2, and the whole bias re-solved every 400 forwards (= updates here) and reused detached
+FLOATER_AUTHORS="--floater-dt 0.01 --floater-adjoint --floater-update-every 400 --floater-cache-whole-bias \
+--floater-flow-init xavier"
 SEEDS=${SEEDS:-"1 2 3"}
 EPOCHS=${EPOCHS:-8} WARMUP=${WARMUP:-500} LR=${LR:-0.005}
 FT_EPOCHS=${FT_EPOCHS:-3} FT_WARMUP=${FT_WARMUP:-50}
@@ -119,14 +125,15 @@ PROBE_RETRAIN=${PROBE_RETRAIN:-0}
   refuse "JOIN_TRAIN=1 needs MAX_TRAIN_TOKENS (joins are capped in tokens), e.g. MAX_TRAIN_TOKENS=32 JOIN_TRAIN=1"
 [ -n "${SEEDS// /}" ] || refuse "SEEDS is empty: expected positive integers, e.g. \"1 2 3\""
 for s in $SEEDS; do [[ $s =~ ^[1-9][0-9]*$ ]] || refuse "SEEDS=\"$SEEDS\": expected positive integers, got '$s'"; done
-[ -n "${MODELS// /}" ] || refuse "MODELS is empty: expected some of $(python -m fairseq_plugins models) floater_warm transformer_ft"
+[ -n "${MODELS// /}" ] || refuse "MODELS is empty: expected some of $(python -m fairseq_plugins models) floater_warm transformer_ft floater_authors"
 TABLE=" $(python -m fairseq_plugins models) "  # the table of schemes: fairseq_plugins/schemes.py
 for m in $MODELS; do
   case $m in
     floater_warm|transformer_ft) [[ " $MODELS " == *" transformer "* ]] ||
       refuse "MODELS=\"$MODELS\": $m starts from the transformer of the same seed, so MODELS must list transformer" ;;
+    floater_authors) ;;
     *) [[ $TABLE == *" $m "* ]] ||
-      refuse "MODELS=\"$MODELS\": unknown model '$m' (expected one of${TABLE}floater_warm transformer_ft)" ;;
+      refuse "MODELS=\"$MODELS\": unknown model '$m' (expected one of${TABLE}floater_warm transformer_ft floater_authors)" ;;
   esac
 done
 (( AVG <= EPOCHS )) || refuse "AVG=$AVG: expected at most EPOCHS=$EPOCHS checkpoints to average"
@@ -326,6 +333,8 @@ run_one() {
   local arch flags epochs=$EPOCHS warmup=$WARMUP lr=$LR avg=$AVG extra=() offset=0 origin= shape_k=
   case $model in
     relative) arch=relative_transformer_tiny extra=(--max-relative-positions 16) ;;  # Shaw et al. base: k = 16
+    # shellcheck disable=SC2206
+    floater_authors) arch=floater_transformer_tiny extra=($FLOATER_AUTHORS) ;;
     floater_warm|transformer_ft)
       local source=$CKPT_ROOT/transformer.seed$seed/checkpoint_last.pt
       [ -s "$OUT/runs/transformer.seed$seed.json" ] ||
