@@ -57,6 +57,32 @@ def test_bias_is_the_papers_equation(causal, q_pos):
     assert half.dtype == torch.float32  # computed in the dtype asked for, not the module's
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_each_sentences_positions_give_its_own_bias(causal):
+    """A padded batch's positions, each sentence's from its first real token ((B, T), (B, S); pads at 0), give
+    each sentence the bias of its positions alone, values and gradients: the normaliser never sees a padded
+    index. L = 5.2 with 3 to 9 real tokens: positions on both sides of it."""
+    torch.manual_seed(0)
+    scheme = randomised(FIRE(3, causal, threshold=4.0)).double()
+    S, pads = 9, [0, 6, 2]
+    k_pos = torch.stack([(torch.arange(S) - p).clamp_min(0) for p in pads])  # (3, S)
+    for q_pos in (k_pos, k_pos[:, -1:]):  # a full forward; the last step of incremental decoding
+        got = scheme.score_bias(q_pos, k_pos, torch.float64)
+        assert got.shape == (3, 3, q_pos.size(1), S)
+        weights = torch.randn(got.shape, dtype=torch.float64)
+        grads = torch.autograd.grad((got * weights).sum(), list(scheme.parameters()), retain_graph=True)
+        for b, p in enumerate(pads):
+            alone = scheme.score_bias(q_pos[b], k_pos[b, p:], torch.float64)  # its real keys only
+            torch.testing.assert_close(got[b, :, :, p:], alone, rtol=1e-12, atol=1e-12)
+        real = torch.tensor([[j >= p for j in range(S)] for p in pads])[:, None, None, :]  # bool
+        alone_sum = sum((scheme.score_bias(q_pos[b], k_pos[b, p:], torch.float64) * weights[b, :, :, p:]).sum()
+                        for b, p in enumerate(pads))
+        padded_part = (got * weights * ~real).sum()  # the pad keys' bias is masked in attention
+        want = torch.autograd.grad(alone_sum + padded_part, list(scheme.parameters()))
+        for g, w in zip(grads, want):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
 def test_initialisation_is_the_papers_code():
     """The paper's reference code: an MLP 1 → 32 → heads with ReLU, c = 0.1, L = |λ·L0| with λ = 1, L0 = 512."""
     scheme = FIRE(8, causal=True)

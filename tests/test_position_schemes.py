@@ -83,7 +83,9 @@ def t5_bucket_naive(relative, bidirectional, num_buckets=32, max_distance=128):
 
 def naive_attention(attn, x, padding, causal, bias_fn=None, rotate_fn=None, delta_fn=None):
     """out_i = Σ_j softmax_j(e_ij) v_j, e_ij = (R_i q_i)·(R_j k_j)/sqrt(d) + bias_h(i, j), loop by loop; with
-    delta_fn(projection, b, i), q_i = W_q x_i + b_q(0) + Δb_q(t_i) (likewise k, v)."""
+    delta_fn(projection, b, i), q_i = W_q x_i + b_q(0) + Δb_q(t_i) (likewise k, v). i and j in R and the bias are
+    positions in the sentence (the papers' i, j), counted from its first real token: a left-padded sentence's
+    logits are its logits alone."""
     T, B, C = x.shape
     H, d = attn.num_heads, attn.head_dim
     q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -93,18 +95,19 @@ def naive_attention(attn, x, padding, causal, bias_fn=None, rotate_fn=None, delt
     out = torch.zeros(T, B, C, dtype=x.dtype)
     rows = []
     for b in range(B):
+        lead = int(padding[b].long().cumprod(0).sum())  # its left padding
         for h in range(H):
             sl = slice(h * d, (h + 1) * d)
             for i in range(T):
-                qi = q[i, b, sl] if rotate_fn is None else rotate_fn(q[i, b, sl], i)
+                qi = q[i, b, sl] if rotate_fn is None else rotate_fn(q[i, b, sl], i - lead)
                 logits = []
                 for j in range(T):
                     if padding[b, j] or (causal and j > i):
                         logits.append(torch.tensor(float("-inf"), dtype=x.dtype))
                         continue
-                    kj = k[j, b, sl] if rotate_fn is None else rotate_fn(k[j, b, sl], j)
+                    kj = k[j, b, sl] if rotate_fn is None else rotate_fn(k[j, b, sl], j - lead)
                     e = (qi * kj).sum() / math.sqrt(d)
-                    logits.append(e + (bias_fn(h, i, j) if bias_fn else 0.0))
+                    logits.append(e + (bias_fn(h, i - lead, j - lead) if bias_fn else 0.0))
                 p = torch.softmax(torch.stack(logits), 0)
                 rows.append(((b, h, i), (p[:, None] * v[:, b, sl]).sum(0)))
     for (b, h, i), value in rows:

@@ -15,13 +15,14 @@ added to the normaliser ψ(max(L, i)); θ: torch's default Linear initialisation
 
 The paper's model is causal (j ≤ i): the decoder here is the same (future keys masked). The encoder uses the
 symmetric adaptation ψ(|i − j|) / ψ(max(L, max(i, j))): the distance either way, normalised by the farther of the
-two positions. Positions are indices in the padded batch (as for every score bias here), and the normaliser is
-not a function of i − j: a source left-padded by p tokens is normalised by max(L, max(i, j) + p), so it gets the
-same bias as alone only while its padded length stays within L (always at L₀ = 512 on WMT's lengths).
+two positions. The normaliser reads a position itself, not only i − j, so positions are each sentence's own,
+counted from its first real token (``absolute_positions``): a left-padded source gets the bias it gets alone,
+whatever its batch-mates' lengths.
 
 Mapping to code: ``FIRE.mlp`` is f_θ, ``FIRE.c`` is c, ``FIRE.threshold()`` is L; ``score_bias(q_pos, k_pos,
-dtype)`` returns b as (heads, T, S) in dtype (float32, or float64 for a float64 model: never the model's half
-precision) for ``PositionalSelfAttention``. One FIRE per stack, shared by its layers (the paper shares one across
+dtype)`` returns b as (heads, T, S) for positions (T,), (S,), or (B, heads, T, S) for a padded batch's (B, T),
+(B, S) (f_θ once per value pair of (|i − j|, far), gathered per sentence: ``bias_at``), in dtype (float32, or float64 for a float64 model: never the model's half precision) for
+``PositionalSelfAttention``. One FIRE per stack, shared by its layers (the paper shares one across
 layers too). No bias in cross-attention.
 """
 
@@ -54,13 +55,29 @@ class FIRE(PositionScheme):
     def threshold(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return (self.threshold_scale.to(dtype) * self.initial_threshold).abs()
 
+    absolute_positions = True  # ψ(max(L, i)): the normaliser reads the query's (the farther key's) position
+
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-        i, j = q_pos[:, None].to(dtype), k_pos[None, :].to(dtype)  # (T, 1), (1, S)
+        if q_pos.dim() == 1:  # one set of positions for the batch: f_θ at every (i, j)
+            i, j = q_pos[:, None], k_pos[None, :]
+            return self.bias_at((i - j).abs().to(dtype), self._far(i, j).to(dtype), dtype).permute(2, 0, 1)
+        # each sentence's positions (B, T), (B, S), all below S (in self-attention every query is a key): the bias
+        # depends on (|i − j|, far) alone, so f_θ runs once per value pair (S², as for one set of positions) and
+        # each sentence gathers its own, never a (B, T, S, width) hidden layer
+        n = k_pos.size(-1)
+        grid = torch.arange(n, device=k_pos.device)
+        table = self.bias_at(grid[:, None].to(dtype), grid[None, :].to(dtype), dtype).flatten(0, 1)  # (n², H)
+        i, j = q_pos[:, :, None], k_pos[:, None, :]
+        index = (i - j).abs() * n + self._far(i, j)  # (B, T, S)
+        return F.embedding(index, table).permute(0, 3, 1, 2)  # (B, H, T, S)
+
+    def _far(self, i: Tensor, j: Tensor) -> Tensor:
+        return i.expand(torch.broadcast_shapes(i.shape, j.shape)) if self.causal else torch.maximum(i, j)
+
+    def bias_at(self, distance: Tensor, far: Tensor, dtype: torch.dtype) -> Tensor:
+        """f_θ(ψ(distance) / ψ(max(L, far))), (..., H), for distance and far of one shape."""
         c = self.c.to(dtype).abs()
-        far = i if self.causal else torch.maximum(i, j)  # the decoder's i; the encoder's max(i, j)
-        psi_distance = torch.log(c * (i - j).abs() + 1)  # ψ(|i − j|), (T, S)
-        psi_normaliser = torch.log(c * torch.maximum(far, self.threshold(dtype)) + 1) + EPS  # ψ(max(L, ·))
-        x = (psi_distance / psi_normaliser).unsqueeze(-1)  # (T, S, 1)
+        x = torch.log(c * distance + 1) / (torch.log(c * torch.maximum(far, self.threshold(dtype)) + 1) + EPS)
         first, second = self.mlp[0], self.mlp[2]
-        hidden = F.relu(F.linear(x, first.weight.to(dtype), first.bias.to(dtype)))  # (T, S, width)
-        return F.linear(hidden, second.weight.to(dtype), second.bias.to(dtype)).permute(2, 0, 1)  # (H, T, S)
+        hidden = F.relu(F.linear(x.unsqueeze(-1), first.weight.to(dtype), first.bias.to(dtype)))  # (..., width)
+        return F.linear(hidden, second.weight.to(dtype), second.bias.to(dtype))

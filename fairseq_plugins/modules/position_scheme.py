@@ -22,6 +22,10 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
 - ``score_bias(q_pos, k_pos, dtype)``: the logit bias (H, T, S) for query positions q_pos (T,) and key positions
   k_pos (S,), in dtype (float32, or float64 for a float64 model); default None: no bias. ``flex_score_mod`` may
   give the same bias as FlexAttention's score_mod (``fused_attention.bias_score_mod``).
+- ``absolute_positions`` (class attribute): whether the hooks above read a position itself, not only i − j
+  (FIRE's normaliser ψ(max(L, i))). Then, where the batch is padded, they get each sentence's positions counted
+  from its first real token, q_pos (B, T) and k_pos (B, S) (rotate: pos (B, T)), and score_bias returns
+  (B, H, T, S): a sentence's positions never depend on its batch-mates' lengths.
 - ``attend(attention, q, k, v, mask, dropout_p, need_weights)`` (where ``owns_product``): the whole product of
   one self-attention, for a scheme that changes it (Shaw's e_ij = q_i·(k_j + a^K_ij), z_i = Σ_j α_ij (v_j + a^V_ij)):
   q (B, H, T, d) unscaled, k and v (B, H, S, d) after the cache, mask fairseq's masks as one additive mask
@@ -130,6 +134,8 @@ class PositionScheme(nn.Module):
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Optional[Tensor]:
         return None
+
+    absolute_positions = False  # whether rotate/score_bias read positions themselves (then per sentence)
 
     owns_product = False  # whether attend (and scores) replace the product above
 

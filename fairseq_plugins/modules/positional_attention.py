@@ -8,8 +8,10 @@ KERPLE, FIRE); in the decoder's cross-attention, the decoder's projection biases
 
 with b(t) = b(0), R = identity and bias = 0 where the scheme leaves the hook out (each scheme's module gives its maths).
 In self-attention, positions are token indices in the padded sequence (0..T−1; during incremental decoding the
-step's index, from the cached keys' length): only differences i − j enter, so fairseq's left-padded sources give
-each sentence the same logits as alone. In cross-attention, i is the decoder position (while decoding step by
+step's index, from the cached keys' length): where only differences i − j enter, fairseq's left-padded sources give
+each sentence the same logits as alone; a scheme that reads a position itself (``absolute_positions``: FIRE's
+normaliser) gets each sentence's positions counted from its first real token, (B, T) and (B, S), so that a
+sentence's bias never depends on its batch-mates. In cross-attention, i is the decoder position (while decoding step by
 step, a step counter kept in the incremental state) and j each source token's rank among its sentence's real
 tokens, with the sentence's real length S: both count real tokens only, so padding changes nothing.
 
@@ -81,8 +83,10 @@ class PositionalAttention(MultiheadAttention):
         src_len = k.size(2)
         scheme, weighted = self.scheme, need_weights or need_head_weights
         dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
+        # FlexAttention's score_mod reads one bias for the batch: not per-sentence positions (SDPA takes those)
         flex_ok = (self.attention_backend == "flex" and not self.encoder_decoder_attention and saved is None
-                   and not (weighted or before_softmax) and (attn_mask is None or attn_mask.dim() == 2))
+                   and not (weighted or before_softmax) and (attn_mask is None or attn_mask.dim() == 2)
+                   and positions.dim() == 1)
         mask = (flex_mask(attn_mask, key_padding_mask) if flex_ok
                 else additive_mask(attn_mask, key_padding_mask, bsz, self.num_heads, tgt_len, src_len, q.dtype))
         exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
@@ -135,20 +139,26 @@ class PositionalSelfAttention(PositionalAttention):
         bsz, tgt_len = q.size(0), q.size(2)
         k, v = self._split(self._proj("k_proj", query), bsz), self._split(self._proj("v_proj", query), bsz)
         start = saved["prev_key"].size(2) if saved is not None and "prev_key" in saved else 0
+        if saved is not None:  # the padding of every key, cached ones first
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask, saved.get("prev_key_padding_mask"), bsz, start + tgt_len, False)
         positions = torch.arange(start, start + tgt_len, device=query.device)
+        if self.scheme.absolute_positions:
+            positions = from_first_real_token(positions, key_padding_mask)  # (B, T) where there is padding
         q, k = self.scheme.rotate(q, k, positions)  # (B, H, T, d) each
         if saved is not None:
             if "prev_key" in saved:
                 k = torch.cat([saved["prev_key"], k], dim=2)
                 v = torch.cat([saved["prev_value"], v], dim=2)
-            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask, saved.get("prev_key_padding_mask"), bsz, k.size(2), False)
             saved["prev_key"], saved["prev_value"] = k, v
             saved["prev_key_padding_mask"] = key_padding_mask
         return q, k, v, key_padding_mask, positions
 
     def _bias(self, positions, key_padding_mask, src_len, dtype):
-        return self.scheme.score_bias(positions, torch.arange(src_len, device=positions.device), dtype)
+        k_pos = torch.arange(src_len, device=positions.device)
+        if self.scheme.absolute_positions:
+            k_pos = from_first_real_token(k_pos, key_padding_mask)
+        return self.scheme.score_bias(positions, k_pos, dtype)  # (H, T, S), or (B, H, T, S) per sentence
 
 
 class PositionalCrossAttention(PositionalAttention):
@@ -195,6 +205,16 @@ class PositionalCrossAttention(PositionalAttention):
             k_pos = real.long().cumsum(1) - 1  # each key's rank among its sentence's real tokens (pads: masked)
             src_lengths = real.sum(1)
         return self.scheme.cross_bias(positions, k_pos, src_lengths, dtype)  # (B|1, H, T, S)
+
+
+def from_first_real_token(index: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
+    """Indices in the padded batch (N,) → each sentence's positions (B, N), counted from its first real key
+    (fairseq left-pads sources; a right-padded sentence keeps its indices; pads before the first real token: 0);
+    the indices themselves where there is no padding mask. No host sync."""
+    if key_padding_mask is None:
+        return index
+    first = (~key_padding_mask.to(torch.bool)).to(torch.int32).argmax(1)  # (B,): the leading pads
+    return (index[None, :] - first[:, None].to(index.dtype)).clamp_min(0)
 
 
 def additive_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], bsz: int, heads: int,
