@@ -29,6 +29,12 @@ e. ``fused`` (250 s): scripts/bench.py --device cuda at T = 64, 256 and 1024 for
    the backend's default, not the exit status; the graphs compiled during the timed updates (recompiles) and
    one profiled update per model at T = 256 say where its time goes. Full report: results/gpu_check_fused.md.
    If the compiles need more than its cap, a second call ``--sections fused --cap fused=500``.
+f. ``invariance`` (240 s, a call of its own: ``--sections invariance``): every row of the scheme table in fp32 and
+   bf16, sources of 3 and 50 tokens beside a 1,000-token batch-mate, each alone and batched
+   (scripts/tooling/invariance.py): the largest decoder-logit difference teacher-forced and over 301 incremental
+   steps (bf16: 60) with a beam reorder, within the CPU's bound or twice fairseq's Transformer's on the same GPU,
+   and the sentences whose beam-4 hypotheses differ; then one seed trained twice (dropout on, tiny and base dims)
+   with and without torch.use_deterministic_algorithms: identical parameters, and the time per update.
 
 results/gpu_check.md and .json are written before the first section and rewritten (atomically) the moment each
 section ends, with every section so far: a section that raises or exceeds its cap records its reason (the
@@ -89,11 +95,13 @@ SECTIONS = {
     "precision": ("c. Every arch × precision on the toy task", 360),
     "bench": ("d. Benchmark: FLOATER with and without CUDA graphs", 180),
     "fused": ("e. Fused attention: Shaw, T5 and ALiBi on FlexAttention against today's path", 250),
+    "invariance": ("f. Batch invariance and replay: every scheme alone vs batched; one seed twice", 240),
 }
 FIRST_CALL = ("machine", "floater_graph", "precision")  # the default; the speed sections d, e: a second call
 # The dry run's caps: a small CPU machine shared with other work takes many times an H100's seconds (the dry run
 # itself is ~30 CPU-seconds, ~100 s of wall time on 2 cores under a load of 10; --calibrate --dry-run 2-6 minutes)
-DRY_CAPS = {"machine": 60, "floater_graph": 240, "precision": 300, "bench": 240, "fused": 300, "calibrate": 900}
+DRY_CAPS = {"machine": 60, "floater_graph": 240, "precision": 300, "bench": 240, "fused": 300, "invariance": 300,
+            "calibrate": 900}
 # e.'s goals for --attention-backend flex to become the default: its training update and peak memory as ratios to
 # fairseq's Transformer (issue 37); reported beside the verdict, not part of it (missing them keeps flex opt-in)
 FUSED_MODELS = ("relative", "t5", "alibi")
@@ -127,6 +135,13 @@ LOSS_BOUND = 0.15  # |loss − fp32 loss| / fp32 loss after the precision runs
 # and its inputs' gradients, bucket_buffer_bytes): one solve's tape and workspace for the run, not one per bucket
 # (fairseq_plugins/modules/floater/cuda_graph.py). On CPU (dry run) held_bytes() stands in for the reservation.
 GRAPH_MEMORY_MARGIN = 1.5
+# f.: a sentence alone vs in a left-padded batch beside a 1,000-token batch-mate (scripts/tooling/invariance.py): the
+# largest |alone − batched| decoder logit within the CPU's bounds (tests/test_batch_invariance.py), or within twice
+# fairseq's own Transformer's on the same GPU (its kernels' rounding for other batch shapes, the reference)
+INVARIANCE_BOUND = {"fp32": 1e-5, "bf16": 0.0625}
+INVARIANCE_DTYPES = ("fp32", "bf16")
+REPLAY_ARCHS = ("transformer_tiny", "transformer_wmt_en_de")  # one seed trained twice, with and without
+REPLAY_UPDATES = 30  # torch.use_deterministic_algorithms
 
 
 class CheckError(Exception):
@@ -232,14 +247,14 @@ def solve_check(device, lengths, rows):
                  gradients=max(rel_error(a, b) for a, b in zip(gg, lg)))
 
 
-def build_trainer(data, device, flags, seed=1):
-    """fairseq's Trainer for floater_transformer_tiny on the toy task, as fairseq_cli/train.py builds it."""
+def build_trainer(data, device, flags, seed=1, arch="floater_transformer_tiny"):
+    """fairseq's Trainer for `arch` on the toy task, as fairseq_cli/train.py builds it."""
     import torch
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
-    argv = [str(data), "--user-dir", str(PLUGINS), "--arch", "floater_transformer_tiny", "--share-all-embeddings",
+    argv = [str(data), "--user-dir", str(PLUGINS), "--arch", arch, "--share-all-embeddings",
             "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt",
             "--warmup-updates", "4", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
             "--dropout", "0", "--max-tokens", "512", "--seed", str(seed), "--num-workers", "0", *flags]
@@ -560,10 +575,67 @@ def section_fused(ctx, rows):
     run_bench(rows, args, out_json, out_md, compiled_timed="compiled_graphs_timed")
 
 
+# -- f. batch invariance and replay ---------------------------------------------------------------------------
+
+def section_invariance(ctx, rows):
+    """Every row of the scheme table in fp32 and bf16: teacher-forced and 301-step incremental logits alone vs
+    batched, and how many of the 3 sentences get other beam-4 hypotheses alone; then one seed trained twice
+    (dropout on) with and without torch.use_deterministic_algorithms: bit-identical parameters?, ms per update."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's deterministic mode, before CUDA starts
+    import torch
+    from fairseq_plugins.schemes import SCHEMES
+    from tooling import invariance
+
+    steps, lengths = (4, invariance.SMALL) if ctx.dry_run else (invariance.STEPS, invariance.LENGTHS)
+    half_steps = min(steps, 60)  # bf16: the CPU test's 60 steps (positions past thresholds are fp32's check)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    for row in (r for r in SCHEMES.values() if r.arch_prefix or r.flags):
+        for name in INVARIANCE_DTYPES:
+            model = invariance.row_model(row, ctx.device, dtypes[name])
+            n = steps if name == "fp32" else half_steps
+            errors = invariance.errors(model, steps=n, lengths=lengths)
+            rows.add("invariance", scheme=row.name, dtype=name, steps=n, **errors,
+                     beam_differ=invariance.beam_differences(model, lengths=lengths))
+            log(f"invariance {row.name} {name}: {errors}")
+    data = ctx.data  # the parent prepared it (NEED_DATA)
+    for arch in REPLAY_ARCHS[:1] if ctx.dry_run else REPLAY_ARCHS:
+        for deterministic in (False, True):
+            torch.use_deterministic_algorithms(deterministic)
+            try:
+                runs = [replay_run(data, ctx.device, arch, 3 if ctx.dry_run else REPLAY_UPDATES) for _ in range(2)]
+                same = all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0]))
+                rows.add("replay", arch=arch, deterministic=deterministic, identical=same,
+                         ms_per_update=min(r[1] for r in runs))
+            except RuntimeError as e:  # an operator without a deterministic implementation: which one
+                rows.add("replay", arch=arch, deterministic=deterministic, identical=None, ms_per_update=None,
+                         error=last_line(str(e)))
+            finally:
+                torch.use_deterministic_algorithms(False)
+            log(f"replay {rows.rows[-1]}")
+
+
+def replay_run(data, device, arch, updates):
+    """(parameters, ms per update after the first) of `updates` updates of arch, seed 1, dropout 0.1."""
+    import torch
+
+    trainer, batches = build_trainer(data, device, ["--dropout", "0.1"], arch=arch)
+    trainer.train_step([next(batches)])  # the first builds the optimizer's state
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(updates - 1):
+        trainer.train_step([next(batches)])
+    if device == "cuda":
+        torch.cuda.synchronize()
+    ms = 1000 * (time.perf_counter() - start) / max(updates - 1, 1)
+    return [p.detach().cpu().clone() for p in trainer.model.parameters()], ms
+
+
 SECTION_FUNCTIONS = {"machine": section_machine, "floater_graph": section_floater_graph,
-                     "precision": section_precision, "bench": section_bench, "fused": section_fused}
+                     "precision": section_precision, "bench": section_bench, "fused": section_fused,
+                     "invariance": section_invariance}
 EMULATED = ("floater_graph", "bench")  # the sections whose dry run needs CUDA graphs emulated
-NEED_DATA = ("floater_graph", "precision")  # the sections training on the toy task
+NEED_DATA = ("floater_graph", "precision", "invariance")  # the sections training on the toy task
 
 
 def section_main(args):
@@ -772,6 +844,37 @@ def precision_lines(report):
     return lines
 
 
+def invariance_lines(report):
+    rows = rows_of(report, "invariance", "invariance")
+    lines = []
+    if rows:
+        lines += [f"Largest |alone − batched| decoder logit: short sources left-padded beside a long batch-mate "
+                  "(tooling/invariance.py), teacher-forced and over the incremental steps shown with a beam reorder; "
+                  "sentences (of 3) whose beam-4 hypotheses differ alone.", "",
+                  "| scheme | dtype | teacher-forced | incremental (steps) | beam differs |", "|---|---|---:|---:|---:|"]
+        lines += [f"| {r['scheme']} | {r['dtype']} | {fmt(r['teacher_forced'])} | {fmt(r['incremental'])} "
+                  f"({r['steps']}) | {r['beam_differ']} |" for r in rows]
+    replay = rows_of(report, "invariance", "replay")
+    if replay:
+        lines += ["", "One seed trained twice (dropout 0.1, the toy task):", "",
+                  "| arch | deterministic algorithms | identical parameters | ms per update |", "|---|---|---|---:|"]
+        lines += [f"| `{r['arch']}` | {'on' if r['deterministic'] else 'off'} | "
+                  f"{r.get('error') or ('yes' if r['identical'] else 'no')} | {fmt(r['ms_per_update'], '.1f')} |"
+                  for r in replay]
+    return lines
+
+
+def invariance_worst(rows):
+    """{dtype: (bound, [(scheme, worst error)])}: each dtype's bound, the CPU's or twice the Transformer's."""
+    out = {}
+    for name in INVARIANCE_DTYPES:
+        mine = [(r["scheme"], max(r["teacher_forced"], r["incremental"])) for r in rows if r["dtype"] == name]
+        reference = [e for scheme, e in mine if scheme == "sinusoidal"]
+        bound = max([INVARIANCE_BOUND[name]] + [2 * e for e in reference])
+        out[name] = (bound, mine)
+    return out
+
+
 def bench_lines(report):
     bench = rows_of(report, "bench", "bench")
     lines = [f"`{b['command']}`: the full report is `{b['report']}`." for b in bench]
@@ -817,7 +920,7 @@ def fused_lines(report):
 
 
 SECTION_LINES = {"machine": machine_lines, "floater_graph": floater_graph_lines, "precision": precision_lines,
-                 "bench": bench_lines, "fused": fused_lines}
+                 "bench": bench_lines, "fused": fused_lines, "invariance": invariance_lines}
 
 
 def markdown(report) -> str:
@@ -898,6 +1001,17 @@ def verdicts(report):
         if rows or completed("precision"):
             add("every arch × precision trains and decodes; loss vs fp32 (relative)", f"≤ {LOSS_BOUND:g}", drift,
                 rows and all(r["ok"] for r in rows) and all(d <= LOSS_BOUND for d in drift))
+    if "invariance" in sections:
+        rows = rows_of(report, "invariance", "invariance")
+        for name, (bound, worst) in invariance_worst(rows).items():
+            if worst or completed("invariance"):
+                add(f"batch invariance {name}: every scheme alone vs batched", f"≤ {bound:.3g}",
+                    [e for _, e in worst], worst and all(e <= bound for _, e in worst))
+        replay = rows_of(report, "invariance", "replay")
+        if replay or completed("invariance"):
+            plain = [r for r in replay if not r["deterministic"]]
+            add("one seed twice, the same parameters (default algorithms)", "identical", [],
+                plain and all(r["identical"] for r in plain))
     if completed("bench"):
         graphed = [r for r in rows_of(report, "bench", "ratio") if r["model"] == "floater_graph"]
         add("benchmark ran; floater_graph captured at every length", "", [],

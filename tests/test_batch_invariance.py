@@ -1,7 +1,8 @@
 """A sentence's translation depends on the sentence alone, for every row of the scheme table (new rows included
 without editing this file): sources of 3 and 50 tokens left-padded beside a 1,000-token batch-mate (their tokens
 at padded indices up to 999, past FIRE's threshold of 512), each decoded alone and in the batch, teacher-forced
-and over 301 steps of incremental decoding with a beam reorder at step 150 (tests/helpers/batch_invariance.py).
+and over 301 steps of incremental decoding with a beam reorder at step 150 (scripts/tooling/invariance.py;
+scripts/gpu_check.py's invariance section runs the same on a GPU).
 
 Bounds on the largest |alone − batched| decoder logit of untrained tiny models on CPU: float32 1e-5 (measured:
 at most 2.3e-6 over the rows, the rounding of different batch shapes; FIRE before its positions were counted per
@@ -12,8 +13,8 @@ the threshold are float32's check)."""
 import pytest
 import torch
 
-from helpers import batch_invariance
 from helpers.tiny_models import one_thread  # noqa: F401  (an autouse fixture)
+from tooling import invariance as batch_invariance
 from fairseq_plugins.modules.fire import FIRE
 from fairseq_plugins.schemes import SCHEMES
 
@@ -31,7 +32,7 @@ def test_a_sentence_alone_equals_it_beside_a_long_batch_mate(row):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
 def test_in_half_precision_within_the_bound_of_rounding(row, dtype):
-    model = batch_invariance.row_model(row).to(dtype)
+    model = batch_invariance.row_model(row, dtype=dtype)
     errors = batch_invariance.errors(model, steps=60)
     assert max(errors.values()) <= BOUND[dtype], (row.name, errors)
 
@@ -42,3 +43,4 @@ def test_the_check_sees_a_bias_that_reads_padded_indices(monkeypatch):
     monkeypatch.setattr(FIRE, "absolute_positions", False)
     errors = batch_invariance.errors(batch_invariance.row_model(SCHEMES["fire"]))
     assert min(errors.values()) > 10 * BOUND[torch.float32], errors
+

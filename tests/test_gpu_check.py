@@ -216,6 +216,39 @@ def test_a_check_out_of_bounds_fails_the_run():
         "fused attention: every scheme trained on flex"]
     assert failed("machine", status="timed out", reason="timed out after 20 s") == [
         "t: timed out after 20 s"]
+    # f.: each scheme within the CPU's bound or twice fairseq's Transformer's on the same GPU; one seed twice alike
+    def invariance(scheme, dtype, error):
+        return {"kind": "invariance", "scheme": scheme, "dtype": dtype, "steps": 301, "teacher_forced": error,
+                "incremental": error / 2, "beam_differ": 0}
+
+    replay = {"kind": "replay", "arch": "transformer_tiny", "deterministic": False, "identical": True,
+              "ms_per_update": 9.0}
+    fine = [invariance("sinusoidal", "fp32", 2e-6), invariance("fire", "fp32", 2e-6),
+            invariance("sinusoidal", "bf16", 0.05), invariance("fire", "bf16", 0.09), replay]
+    assert failed("invariance", *fine) == []  # bf16: within twice the Transformer's 0.05
+    assert failed("invariance", *fine[:1], invariance("fire", "fp32", 3e-4), *fine[2:]) == [
+        "batch invariance fp32: every scheme alone vs batched"]
+    assert failed("invariance", *fine[:3], invariance("fire", "bf16", 0.11), replay) == [
+        "batch invariance bf16: every scheme alone vs batched"]
+    assert failed("invariance", *fine[:4], {**replay, "identical": False}) == [
+        "one seed twice, the same parameters (default algorithms)"]
+
+
+@pytest.mark.slow
+def test_dry_run_of_the_invariance_section(data, tmp_path):
+    """f.: every row of the scheme table in fp32 and bf16 (small lengths, 4 steps on CPU), and one seed twice with
+    and without deterministic algorithms, each identical."""
+    out = tmp_path / "out"
+    proc = gpu_check("--dry-run", "--sections", "invariance", "--out-dir", str(out), "--data", str(data / "bin"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((out / "gpu_check.json").read_text())["sections"]["invariance"]["rows"]
+    schemes = [s.name for s in SCHEME_MODELS.values() if s.arch_prefix or s.flags]
+    assert [(r["scheme"], r["dtype"]) for r in rows if r["kind"] == "invariance"] == [
+        (s, d) for s in schemes for d in ("fp32", "bf16")]
+    assert all(r["teacher_forced"] < 1e-5 for r in rows if r.get("dtype") == "fp32")
+    replay = [r for r in rows if r["kind"] == "replay"]
+    assert [r["deterministic"] for r in replay] == [False, True] and all(r["identical"] for r in replay), replay
+    assert "## f. Batch invariance" in (out / "gpu_check.md").read_text()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
