@@ -16,6 +16,7 @@
   refused in one line; a scheme that leaves the hooks out is fairseq's attention.
 """
 import argparse
+import contextlib
 import math
 import subprocess
 
@@ -389,6 +390,50 @@ def test_no_pairwise_vector_tensor_in_forward_and_backward(arch):
     assert len(record.shapes) > forward + 10  # the backward's operators were seen too
     assert pairwise_shapes(record.shapes, {6, 7}, {32, 16}) == []
     assert pairwise_shapes([("control", (2, 2, 7, 7, 32))], {6, 7}, {32, 16})  # what it looks for is found
+
+
+SCORE_BIAS_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.selectable and s.kind == "score bias"]
+
+
+@pytest.mark.parametrize("arch", SCORE_BIAS_ARCHS)
+def test_each_stack_computes_its_bias_once_per_forward(arch, monkeypatch):
+    """A stack's self-attentions share one bias per forward (the first layer's), teacher-forced and at each step of
+    incremental decoding; outputs equal, bit for bit, and gradients to rounding, each layer computing its own."""
+    from fairseq_plugins.models import position_transformer
+
+    model = build(arch).double().train()
+    src, lengths, prev = fixed_batch()
+    calls = []
+    cls = type(model.encoder.position_scheme)
+    original = cls.score_bias
+    encoder = model.encoder.position_scheme
+    monkeypatch.setattr(cls, "score_bias", lambda self, *a: calls.append(self is not encoder) or original(self, *a))
+
+    def forward_backward():
+        model.zero_grad()
+        out = model(src, lengths, prev)[0]
+        out.pow(2).mean().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    shared, shared_grads = forward_backward()
+    assert len(model.encoder.layers) == len(model.decoder.layers) == 2
+    assert sorted(calls) == [False, True]  # the encoder's once, the decoder's once
+    model.eval()
+    calls.clear()
+    state = {}
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        for t in range(3):
+            model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)
+    assert calls == [False] + [True] * 3
+    model.train()
+    monkeypatch.setattr(position_transformer, "one_bias_per_forward", lambda scheme: contextlib.nullcontext())
+    calls.clear()
+    each, each_grads = forward_backward()
+    assert len(calls) == 4
+    assert torch.equal(shared, each)
+    for name, grad in each_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-10, atol=1e-12)
 
 
 def test_attention_schemes_are_one_module_per_stack():

@@ -48,7 +48,7 @@ from ._base import PluginTransformerModel
 from ._config import add_attention_backend_arg
 from ..flags import FlagError, OneLineFlag, one_of
 from ..modules.fused_attention import check_backend
-from ..modules.positional_attention import PositionalCrossAttention, PositionalSelfAttention
+from ..modules.positional_attention import PositionalCrossAttention, PositionalSelfAttention, one_bias_per_forward
 from ..schemes import FAMILY_SCHEMES, POSITION_TRANSFORMER, SCHEMES, SIZES
 
 logger = logging.getLogger(__name__)
@@ -263,7 +263,8 @@ class PositionEncoder(TransformerEncoderBase):
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
         _check_table(self.embed_positions, src_tokens, self.padding_idx, "source", "--max-source-positions")
         with _bind(self, lambda: self.embed_positions(src_tokens).transpose(0, 1)), \
-                _prepared(self.position_scheme, self, src_tokens):  # (T, B, C): the embedding's
+                _prepared(self.position_scheme, self, src_tokens), \
+                one_bias_per_forward(self.position_scheme):  # (T, B, C): the embedding's
             return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
 
 
@@ -296,7 +297,8 @@ class PositionDecoder(TransformerDecoderBase):
             return (positions[:, -1:] if incremental_state is not None else positions).transpose(0, 1)
 
         with _source_lengths(self.embed_positions, encoder_out), _bind(self, signal), \
-                _prepared(self.position_scheme, self, prev_output_tokens, encoder_out, incremental_state):
+                _prepared(self.position_scheme, self, prev_output_tokens, encoder_out, incremental_state), \
+                one_bias_per_forward(self.position_scheme):
             x, extra = super().extract_features(prev_output_tokens, encoder_out, incremental_state,
                                                 full_context_alignment, alignment_layer, alignment_heads)
         if incremental_state is not None and self.position_scheme is not None:

@@ -21,9 +21,9 @@ whatever its batch-mates' lengths.
 
 Mapping to code: ``FIRE.mlp`` is f_θ, ``FIRE.c`` is c, ``FIRE.threshold()`` is L; ``score_bias(q_pos, k_pos,
 dtype)`` returns b as (heads, T, S) for positions (T,), (S,), or (B, heads, T, S) for a padded batch's (B, T),
-(B, S) (f_θ once per value pair of (|i − j|, far), gathered per sentence: ``bias_at``), in dtype (float32, or float64 for a float64 model: never the model's half precision) for
-``PositionalSelfAttention``. One FIRE per stack, shared by its layers (the paper shares one across
-layers too). No bias in cross-attention.
+(B, S) (f_θ once per value pair of (|i − j|, far), gathered per sentence: ``bias_at``), in dtype (float32, or
+float64 for a float64 model: never the model's half precision) for ``PositionalSelfAttention``. One FIRE per
+stack, shared by its layers (the paper shares one across layers too). No bias in cross-attention.
 """
 
 import torch

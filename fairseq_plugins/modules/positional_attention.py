@@ -26,12 +26,15 @@ softmax path runs only when the attention weights are asked for. ``attention_bac
 (``--attention-backend flex``) runs the self-attention score biases through FlexAttention instead
 (``fused_attention.py``), except while decoding step by step; the cross-attention prior keeps SDPA. The scheme
 object is shared by all layers of a stack and owned by the stack (a T5 table is one set of parameters per stack;
-the prior is the decoder's); parameters a scheme keeps per layer (``layer_parameters``: Shaw's tables) are each
-self-attention's own. A scheme that owns the product (``owns_product``: Shaw's relative keys and values) gets q, k,
-v after the cache, the masks (a FlexAttention mask under ``--attention-backend flex``) and the dropout probability
-from this forward (``attend``) and hands back z, which is projected here.
+the prior is the decoder's), and so is its self-attention bias: computed by the first layer of each forward of the
+stack and reused by the others (``one_bias_per_forward``, which the stacks open); parameters a scheme keeps per
+layer (``layer_parameters``: Shaw's tables) are each self-attention's own. A scheme that owns the product
+(``owns_product``: Shaw's relative keys and values) gets q, k, v after the cache, the masks (a FlexAttention mask
+under ``--attention-backend flex``) and the dropout probability from this forward (``attend``) and hands back z,
+which is projected here.
 """
 
+from contextlib import contextmanager
 from typing import Optional, Tuple
 
 import torch
@@ -43,6 +46,21 @@ from .fused_attention import bias_score_mod, biased_sdpa, check_backend, flex, f
 from .position_scheme import PositionScheme
 
 STEP = "prior_step"  # the cross-attention's incremental state: the next decoder position, (B,) long
+MEMO = "forward_bias"  # on a stack's scheme during one forward of the stack: {(T, S, dtype): its bias}
+
+
+@contextmanager
+def one_bias_per_forward(scheme):
+    """Around one forward of a stack: its self-attentions compute the scheme's logit bias once and share it
+    (the same tensor, so its gradient reaches the scheme once, summed over the layers)."""
+    if scheme is None:
+        yield
+        return
+    object.__setattr__(scheme, MEMO, {})
+    try:
+        yield
+    finally:
+        object.__setattr__(scheme, MEMO, None)
 
 
 class PositionalAttention(MultiheadAttention):
@@ -155,10 +173,19 @@ class PositionalSelfAttention(PositionalAttention):
         return q, k, v, key_padding_mask, positions
 
     def _bias(self, positions, key_padding_mask, src_len, dtype):
+        # within one forward of the stack every self-attention has the same queries, keys and padding: the
+        # first layer's bias serves them all (``one_bias_per_forward``)
+        memo = getattr(self.scheme, MEMO, None)
+        key = (tuple(positions.shape), src_len, dtype)
+        if memo is not None and key in memo:
+            return memo[key]
         k_pos = torch.arange(src_len, device=positions.device)
         if self.scheme.absolute_positions:
             k_pos = from_first_real_token(k_pos, key_padding_mask)
-        return self.scheme.score_bias(positions, k_pos, dtype)  # (H, T, S), or (B, H, T, S) per sentence
+        bias = self.scheme.score_bias(positions, k_pos, dtype)  # (H, T, S), or (B, H, T, S) per sentence
+        if memo is not None:
+            memo[key] = bias
+        return bias
 
 
 class PositionalCrossAttention(PositionalAttention):
