@@ -587,7 +587,7 @@ def section_invariance(ctx, rows):
     from tooling import invariance
 
     steps, lengths = (4, invariance.SMALL) if ctx.dry_run else (invariance.STEPS, invariance.LENGTHS)
-    half_steps = min(steps, 60)  # bf16: the CPU test's 60 steps (positions past thresholds are fp32's check)
+    half_steps = min(steps, 60)  # bf16: 60 steps (positions past thresholds are fp32's check)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     for row in (r for r in SCHEMES.values() if r.arch_prefix or r.flags):
         for name in INVARIANCE_DTYPES:
@@ -851,7 +851,8 @@ def invariance_lines(report):
         lines += [f"Largest |alone − batched| decoder logit: short sources left-padded beside a long batch-mate "
                   "(tooling/invariance.py), teacher-forced and over the incremental steps shown with a beam reorder; "
                   "sentences (of 3) whose beam-4 hypotheses differ alone.", "",
-                  "| scheme | dtype | teacher-forced | incremental (steps) | beam differs |", "|---|---|---:|---:|---:|"]
+                  "| scheme | dtype | teacher-forced | incremental (steps) | beam differs |",
+                  "|---|---|---:|---:|---:|"]
         lines += [f"| {r['scheme']} | {r['dtype']} | {fmt(r['teacher_forced'])} | {fmt(r['incremental'])} "
                   f"({r['steps']}) | {r['beam_differ']} |" for r in rows]
     replay = rows_of(report, "invariance", "replay")

@@ -144,9 +144,11 @@ def test_a_section_past_its_cap_is_killed_and_reported(tmp_path):
 def test_bad_flags_are_one_line(tmp_path):
     for argv, message in [(["--cap", "precision=soon"], "--cap precision=soon: expected a positive number of seconds"),
                           (["--cap", "decode=10"], "--cap decode=10: expected NAME=SECONDS with NAME one of machine, "
-                                                   "floater_graph, precision, bench, fused, calibrate"),
+                                                   "floater_graph, precision, bench, fused, invariance, "
+                                                   "calibrate"),
                           (["--sections", "machine,gpu"], "--sections machine,gpu: expected some of "
-                                                          "machine,floater_graph,precision,bench,fused, or all"),
+                                                          "machine,floater_graph,precision,bench,fused,"
+                                                          "invariance, or all"),
                           (["--models", "rope,fourier"], "--models rope,fourier: unknown model 'fourier' (expected "
                                                          f"some of {' '.join(SCHEME_MODELS)})"),
                           (["--calibrate", "--multi30k", str(tmp_path)],
