@@ -71,8 +71,8 @@ class FIRE(PositionScheme):
         index = (i - j).abs() * n + self._far(i, j)  # (B, T, S)
         return F.embedding(index, table).permute(0, 3, 1, 2)  # (B, H, T, S)
 
-    def _far(self, i: Tensor, j: Tensor) -> Tensor:
-        return i.expand(torch.broadcast_shapes(i.shape, j.shape)) if self.causal else torch.maximum(i, j)
+    def _far(self, i: Tensor, j: Tensor) -> Tensor:  # the decoder's i; the encoder's max(i, j) (broadcast later)
+        return i if self.causal else torch.maximum(i, j)
 
     def bias_at(self, distance: Tensor, far: Tensor, dtype: torch.dtype) -> Tensor:
         """f_θ(ψ(distance) / ψ(max(L, far))), (..., H), for distance and far of one shape."""

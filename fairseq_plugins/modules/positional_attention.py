@@ -11,8 +11,8 @@ In self-attention, positions are token indices in the padded sequence (0..T−1;
 step's index, from the cached keys' length): where only differences i − j enter, fairseq's left-padded sources give
 each sentence the same logits as alone; a scheme that reads a position itself (``absolute_positions``: FIRE's
 normaliser) gets each sentence's positions counted from its first real token, (B, T) and (B, S), so that a
-sentence's bias never depends on its batch-mates. In cross-attention, i is the decoder position (while decoding step by
-step, a step counter kept in the incremental state) and j each source token's rank among its sentence's real
+sentence's bias never depends on its batch-mates. In cross-attention, i is the decoder position (while decoding
+step by step, a step counter kept in the incremental state) and j each source token's rank among its sentence's real
 tokens, with the sentence's real length S: both count real tokens only, so padding changes nothing.
 
 Mapping to code: ``PositionalAttention`` is fairseq's ``MultiheadAttention`` (same parameters, names and

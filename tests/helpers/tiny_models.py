@@ -6,11 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 from fairseq import utils
-from fairseq.data import Dictionary
+from tooling.invariance import EOS, PAD, TASK, VOCAB  # noqa: F401  (the 24-word task, shared)
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[2] / "fairseq_plugins")))
-
-VOCAB = 24
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -20,18 +18,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-class Task:
-    def __init__(self):
-        d = Dictionary()
-        for i in range(VOCAB - len(d)):
-            d.add_symbol(f"w{i}")
-        self.source_dictionary = self.target_dictionary = d
-
-
-TASK = Task()
-PAD, EOS = TASK.source_dictionary.pad(), TASK.source_dictionary.eos()
 
 
 def build_with_args(arch, seed=0, dropout=0.0, task=TASK, **kw):
