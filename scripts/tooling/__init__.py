@@ -8,6 +8,7 @@ scripts/setup_env.sh puts scripts/ on the venv's path for tests and other import
     tooling.bench_report  the benchmark's markdown
     tooling.cells    the WMT14 cells: experiment names <-> configs/wmt14.yaml's pair, size, scheme (scripts/hydra_config.py)
     tooling.invariance  a sentence alone vs in a left-padded batch, any scheme, any device (tests, gpu_check.py)
+    tooling.supervise  a command in a process group of its own, output pumped, killed with all it started at a cap
 
 Command-line entry points stay in scripts/*.py; nothing here runs on import.
 """
