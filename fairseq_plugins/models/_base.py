@@ -1,8 +1,6 @@
-"""What the plugin model families share, around fairseq's TransformerModel: their flags after fairseq's, their
-defaults and checks before fairseq builds, their encoder and decoder classes, and a one-line refusal of
-torch.jit.script (fairseq's ``__prepare_scriptable__`` hook) instead of TorchScript's compile error deep inside.
+"""The position record of ``position_transformer``'s models, around fairseq's TransformerModel.
 
-Each model also records its architecture and position schemes in its state dict (``position_record``), so that
+Each model records its architecture and position schemes in its state dict (``position_record``), so that
 a checkpoint refuses, in one line naming both, to load into a model of another scheme: schemes without
 parameters of their own (RoPE, ALiBi, NoPE, sinusoidal) have identical state dicts, which nothing else tells
 apart."""
@@ -10,10 +8,8 @@ import logging
 import sys
 
 import torch
-from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import TransformerModel
 from fairseq.modules import SinusoidalPositionalEmbedding
-
-from ._config import as_namespace
 
 logger = logging.getLogger(__name__)
 
@@ -44,55 +40,17 @@ def _stack_limit(stack):
 
 
 class PluginTransformerModel(TransformerModel):
-    encoder_class = decoder_class = None  # TransformerEncoderBase / TransformerDecoderBase subclasses
-    not_scriptable = ""  # why torch.jit.script cannot export the family, for its one-line error
-    scheme = None  # the family's position scheme (fairseq_plugins/schemes.py: SCHEMES), both stacks
-
-    def __init__(self, args, encoder, decoder):
-        super().__init__(args, encoder, decoder)
-        self.register_buffer(RECORD, encode_record(" ".join((self.arch_name(), *self.position_schemes()))))
+    """What ``position_transformer`` adds to fairseq's TransformerModel that is not about building it: the
+    ``--allow-scheme-change`` flag, the stacks' length limits and the checked load of a checkpoint (the model's
+    record is registered by the subclass, ``RECORD``)."""
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        cls.add_family_args(parser)
         parser.add_argument("--allow-scheme-change", action="store_true",
                             help="load a checkpoint of another position scheme into this model (--restore-file, "
                                  "--finetune-from-model; refused without it, since a model does not carry over "
                                  "between schemes; scripts/transformer_to_floater.py is the supported warm start)")
-
-    @classmethod
-    def add_family_args(cls, parser):
-        """The family's own flags (no defaults: the architectures set them, fairseq's legacy convention)."""
-
-    @classmethod
-    def build_model(cls, args, task):
-        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
-        cls.prepare_args(args)
-        return super().build_model(args, task)
-
-    @classmethod
-    def prepare_args(cls, args):
-        """Fill the family's defaults and check its flags (ValueError with one line) before fairseq builds."""
-
-    @classmethod
-    def stack_args(cls, args, decoder):
-        """Extra keyword arguments of the encoder (decoder=False) or decoder class."""
-        return {}
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return cls.encoder_class(TransformerConfig.from_namespace(args), src_dict, embed_tokens,
-                                 **cls.stack_args(args, decoder=False))
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return cls.decoder_class(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention,
-                                 **cls.stack_args(args, decoder=True))
-
-    def family_name(self):
-        return self.__class__.family
 
     def max_positions(self):
         """(source, target) lengths the model can take: None for a stack with no length limit, so that the
@@ -105,13 +63,6 @@ class PluginTransformerModel(TransformerModel):
     def max_decoder_positions(self):
         limit = _stack_limit(self.decoder)
         return sys.maxsize if limit is None else limit
-
-    def arch_name(self):
-        return getattr(self.args, "arch", None) or self.family_name()
-
-    def position_schemes(self):
-        """(encoder scheme, decoder scheme), as the table names them."""
-        return self.scheme, self.scheme
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's strict loads (fairseq-train --restore-file/--finetune-from-model, fairseq-generate --path,
@@ -137,8 +88,3 @@ class PluginTransformerModel(TransformerModel):
         # so that fairseq's report of other differences does not name the record
         state_dict[RECORD] = getattr(self, RECORD).clone()
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
-
-    def __prepare_scriptable__(self):
-        # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside
-        raise RuntimeError(f"{self.family_name()} cannot be exported with torch.jit.script: {self.not_scriptable}; "
-                           "use the model unscripted")

@@ -32,6 +32,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
+    TransformerConfig,
     TransformerDecoderBase,
     TransformerEncoderBase,
     base_architecture,
@@ -44,8 +45,8 @@ from fairseq.modules import LearnedPositionalEmbedding
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ._base import PluginTransformerModel
-from ._config import add_attention_backend_arg
+from ._base import RECORD, PluginTransformerModel, encode_record
+from ._config import add_attention_backend_arg, as_namespace
 from ..flags import FlagError, OneLineFlag, one_of
 from ..modules.fused_attention import check_backend
 from ..modules.positional_attention import PositionalCrossAttention, PositionalSelfAttention, one_bias_per_forward
@@ -214,7 +215,7 @@ def _bind(stack, signal):
 
 
 @contextmanager
-def _source_lengths(embed_positions, encoder_out):
+def source_lengths(embed_positions, encoder_out):
     """For one decoder forward, an embedding that reads its source (``reads_source``: randomized positions'
     length estimate) holds the real source lengths (B|B·beam,), as fairseq reorders them with the hypotheses."""
     if not getattr(embed_positions, "reads_source", False):
@@ -296,7 +297,7 @@ class PositionDecoder(TransformerDecoderBase):
             positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
             return (positions[:, -1:] if incremental_state is not None else positions).transpose(0, 1)
 
-        with _source_lengths(self.embed_positions, encoder_out), _bind(self, signal), \
+        with source_lengths(self.embed_positions, encoder_out), _bind(self, signal), \
                 _prepared(self.position_scheme, self, prev_output_tokens, encoder_out, incremental_state), \
                 one_bias_per_forward(self.position_scheme):
             x, extra = super().extract_features(prev_output_tokens, encoder_out, incremental_state,
@@ -310,11 +311,10 @@ class PositionDecoder(TransformerDecoderBase):
 class PositionTransformerModel(PluginTransformerModel):
     """Transformer whose stacks each use a position scheme from the table (fairseq_plugins/schemes.py)."""
 
-    not_scriptable = "the position schemes are Python modules outside TorchScript"
-    encoder_class, decoder_class = PositionEncoder, PositionDecoder
-
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
+        arch = getattr(self.args, "arch", None) or self.family_name()
+        self.register_buffer(RECORD, encode_record(" ".join((arch, *self.position_schemes()))))
         modules = self._scheme_modules()
         if len(modules) == 2 and type(modules[0]) is type(modules[1]):
             modules[0].join(modules[1])  # FLOATER: the stacks' flows solved together
@@ -330,11 +330,19 @@ class PositionTransformerModel(PluginTransformerModel):
             return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
 
     @classmethod
-    def add_family_args(cls, parser):
+    def add_args(cls, parser):
+        super().add_args(parser)
         add_position_args(parser)
 
     @classmethod
+    def build_model(cls, args, task):
+        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
+        cls.prepare_args(args)
+        return super().build_model(args, task)
+
+    @classmethod
     def prepare_args(cls, args):
+        """Fill the schemes' defaults and check their flags (ValueError with one line) before fairseq builds."""
         position_transformer(args)
         encoder, decoder = stack_schemes(args)
         prior = cross_prior(args)
@@ -359,9 +367,15 @@ class PositionTransformerModel(PluginTransformerModel):
                                 "--position-scheme (nope for none)")
 
     @classmethod
-    def stack_args(cls, args, decoder):
-        scheme = stack_schemes(args)[decoder]
-        return {"scheme": scheme, "prior": cross_prior(args)} if decoder else {"scheme": scheme}
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return PositionEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens,
+                               scheme=stack_schemes(args)[0])
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return PositionDecoder(cfg, tgt_dict, embed_tokens, scheme=stack_schemes(args)[1], prior=cross_prior(args),
+                               no_encoder_attn=cfg.no_cross_attention)
 
     def family_name(self):
         """The architectures' prefix of the model's row (a cross-attention prior's, where the model has one)."""
@@ -375,6 +389,11 @@ class PositionTransformerModel(PluginTransformerModel):
         encoder, decoder = stack_schemes(self.args)
         prior = cross_prior(self.args)
         return encoder.name, decoder.name if prior is None else f"{decoder.name}+{prior.name}"
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: one line instead of TorchScript's compile error deep inside
+        raise RuntimeError(f"{self.family_name()} cannot be exported with torch.jit.script: the position schemes are "
+                           "Python modules outside TorchScript; use the model unscripted")
 
 
 # architectures
