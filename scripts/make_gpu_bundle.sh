@@ -5,8 +5,8 @@
 #
 #   PYVER=3.12          the image's Python (the wheel with compiled code, bitarray, is built for it)
 #   BUNDLE=.gpu_bundle  where it goes
-#   MULTI30K_DIR=dir    Multi30k files to take along for `gpu_check.sh --calibrate` (default ../shared/data/multi30k,
-#                       left out when absent)
+#   MULTI30K_DIR=dir    Multi30k files to take along for scripts/campaign.sh, the converged Multi30k campaign on a
+#                       GPU lease (default ../shared/data/multi30k, left out when absent)
 #
 # On the GPU machine, `bash scripts/gpu_check.sh` sets up from it (scripts/setup_env.sh with BUNDLE=.gpu_bundle:
 # a venv over the image's torch, pip --no-index, fairseq's Cython parts built there). The folder is written
@@ -53,7 +53,7 @@ PIP=("$PY" -m pip --disable-pip-version-check --quiet)
 "${PIP[@]}" download --no-deps --only-binary=:all: -d "$TMP" --implementation cp --python-version "$PYVER" \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   "bitarray==$(pin bitarray)"
-if [ -s "$MULTI30K_DIR/train.en" ]; then  # the calibration's data (the folder beside the checkout does not travel)
+if [ -s "$MULTI30K_DIR/train.en" ]; then  # the campaign's data (the folder beside the checkout does not travel)
   mkdir "$TMP/multi30k"
   for split in train val test_2016_flickr; do cp "$MULTI30K_DIR/$split".{en,de} "$TMP/multi30k/"; done
 fi

@@ -127,7 +127,7 @@ def toy_models(toy_data, tmp_path_factory):
 SLOW_MODULES = {"test_pipeline", "test_learning", "test_hub", "test_multi30k_study", "test_multi30k_study_schemes",
                 "test_multi30k_study_train_short", "test_multi30k_study_retrain", "test_multi30k_smoke",
                 "test_resume", "test_distributed", "test_slurm", "test_launchers", "test_precision_decode",
-                "test_gpu_check", "test_gpu_check_calibrate", "test_wmt_pipeline", "test_floater_reproducibility", "test_evaluate",
+                "test_gpu_check", "test_wmt_pipeline", "test_floater_reproducibility", "test_evaluate",
                 "test_prep_interrupt"}
 SLOW_FIXTURES = {"toy_models", "toy_data"}
 PARAM = type(pytest.param(None))
@@ -157,7 +157,7 @@ def on_the_diagonal(item):
 # read well after hub: asked for at once, one worker would wait a 12-epoch training out).
 COSTLIEST_FIRST = ("test_multi30k_study", "test_pipeline", "test_multi30k_study_schemes", "test_hub",
                    "test_multi30k_study_train_short", "test_precision", "test_floater_cuda_graph",
-                   "test_distributed", "test_gpu_check_calibrate", "test_fairseq_patch",
+                   "test_distributed", "test_fairseq_patch",
                    "test_gpu_bundle", "test_slurm", "test_multi30k_study_retrain", "test_multi30k_smoke",
                    "test_precision_decode", "test_bad_input", "test_readme", "test_learning", "test_position_schemes",
                    "test_configs", "test_launchers", "test_gpu_check")

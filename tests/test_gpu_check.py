@@ -3,7 +3,6 @@
 path's gradients there are the loop's; each section runs in its own process under its cap, so a section that
 raises or hangs is reported with its reason while the others' rows stay in the report (and the run fails);
 without a GPU and without --dry-run it refuses in one line."""
-import importlib.util
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from conftest import REPO, env
 from fairseq_plugins.schemes import MODELS as SCHEME_MODELS
 from helpers.gpu_check_run import gpu_check, no_machine_paths
 from helpers.small_task import small_data
+from tooling.gpu_report import verdicts
 
 TITLES = ["## a. Machine", "## b. FLOATER's CUDA-graph solve against the loop",
           "## c. Every arch × precision on the toy task", "## d. Benchmark: FLOATER with and without CUDA graphs",
@@ -144,35 +144,22 @@ def test_a_section_past_its_cap_is_killed_and_reported(tmp_path):
 def test_bad_flags_are_one_line(tmp_path):
     for argv, message in [(["--cap", "precision=soon"], "--cap precision=soon: expected a positive number of seconds"),
                           (["--cap", "decode=10"], "--cap decode=10: expected NAME=SECONDS with NAME one of machine, "
-                                                   "floater_graph, precision, bench, fused, invariance, "
-                                                   "calibrate"),
+                                                   "floater_graph, precision, bench, fused, invariance"),
                           (["--sections", "machine,gpu"], "--sections machine,gpu: expected some of "
                                                           "machine,floater_graph,precision,bench,fused,"
                                                           "invariance, or all"),
                           (["--models", "rope,fourier"], "--models rope,fourier: unknown model 'fourier' (expected "
-                                                         f"some of {' '.join(SCHEME_MODELS)})"),
-                          (["--calibrate", "--multi30k", str(tmp_path)],
-                           f"--multi30k {tmp_path}: expected Multi30k's train.en, train.de, val.en, val.de, "
-                           "test_2016_flickr.en, test_2016_flickr.de")]:
+                                                         f"some of {' '.join(SCHEME_MODELS)})")]:
         proc = gpu_check("--dry-run", "--out-dir", str(tmp_path / "out"), *argv, timeout=120)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"scripts/gpu_check.sh: {message}"], \
             proc.stderr
         assert not (tmp_path / "out").exists()
 
 
-def load_gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
-    return gpu_check
-
-
 def test_a_check_out_of_bounds_fails_the_run():
     """The verdict table and the exit status: a graph gradient off by 1% in float32, a graph path that never
     captured, graph memory over its bound, a loss far from fp32's, or a section that did not complete, fails;
     the same report within bounds passes."""
-    gpu_check = load_gpu_check()
-
     def section(*rows, status="completed", reason=None):
         return {"title": "t", "cap_s": 10, "seconds": 1.0, "status": status, "reason": reason, "rows": list(rows)}
 
@@ -189,11 +176,11 @@ def test_a_check_out_of_bounds_fails_the_run():
         "bench": section({"kind": "bench"}, {"kind": "ratio", "model": "floater_graph", "graph_buckets": 1}),
         "fused": section({"kind": "bench"}, *({"kind": "ratio", "model": f"{m}_flex", "train_ratio": 1.3}
                                               for m in ("relative", "t5", "alibi")))}}
-    assert all(v["passed"] for v in gpu_check.verdicts(report))
+    assert all(v["passed"] for v in verdicts(report))
 
     def failed(section_name, *rows, **status):
         bad = {**report, "sections": {**report["sections"], section_name: section(*rows, **status)}}
-        return [v["check"] for v in gpu_check.verdicts(bad) if not v["passed"]]
+        return [v["check"] for v in verdicts(bad) if not v["passed"]]
 
     graph_rows = report["sections"]["floater_graph"]["rows"]
     for broken in ({"gradient_error": 1e-2}, {"captured_buckets": 0}):

@@ -9,6 +9,10 @@ scripts/setup_env.sh puts scripts/ on the venv's path for tests and other import
     tooling.cells    the WMT14 cells: experiment names <-> configs/wmt14.yaml's pair, size, scheme (scripts/hydra_config.py)
     tooling.invariance  a sentence alone vs in a left-padded batch, any scheme, any device (tests, gpu_check.py)
     tooling.supervise  a command in a process group of its own, output pumped, killed with all it started at a cap
+    tooling.gpu_common  the GPU check's sections, caps and bounds, and its small helpers (scripts/gpu_check.py)
+    tooling.gpu_graph  the GPU check's section b: FLOATER's CUDA-graph solve against its loop
+    tooling.gpu_sections  the GPU check's sections a, c-f, and each section run in its own process under its cap
+    tooling.gpu_report  the GPU check's report (markdown, json) and its verdicts
 
 Command-line entry points stay in scripts/*.py; nothing here runs on import.
 """

@@ -1,0 +1,280 @@
+"""The GPU check's report (scripts/gpu_check.py): results/gpu_check.md and .json, and the verdict table that
+decides its exit status.
+
+    verdicts(report)                one row per check of the sections run so far: bound, worst value, passed
+    markdown(report)                the report: each section's status and tables, then the verdicts
+    write_report(report, out_dir)   gpu_check.json and .md, atomically (after each section)
+    status_line(section)            a section's one line: completed, timed out or failed, and why
+"""
+import json
+import time
+
+from tooling.atomic import write_text
+from tooling.gpu_common import (FIRST_CALL, FUSED_GOALS, FUSED_MODELS, GRAPH_MEMORY_MARGIN, INVARIANCE_BOUND,
+                                INVARIANCE_DTYPES, LOSS_BOUND, SECTIONS, SOLVE_BOUND, TRAINER_BOUND)
+
+
+def fmt(x, spec=".3g"):
+    return "—" if x is None else format(x, spec)
+
+
+def rows_of(report, section, kind):
+    return [r for r in report["sections"].get(section, {}).get("rows", []) if r["kind"] == kind]
+
+
+def status_line(s):
+    if s["status"] == "completed":
+        return f"Completed in {s['seconds']:.0f} s (cap {s['cap_s']:g} s; {s.get('cpu_s', 0):.0f} CPU-seconds)."
+    if s["status"] == "timed out":
+        return (f"**Timed out after {s['cap_s']:g} s** (its cap): its process and all it started were killed; "
+                "what follows is what it had written by then.")
+    return f"**Failed** after {s['seconds']:.0f} s (cap {s['cap_s']:g} s): {s['reason']}"
+
+
+def machine_lines(report):
+    return [", ".join(f"{k} {v}" for k, v in r.items() if k != "kind") for r in rows_of(report, "machine", "machine")]
+
+
+def floater_graph_lines(report):
+    lines = []
+    solve = rows_of(report, "floater_graph", "solve")
+    if solve:
+        lines += ["Solve of three flows (values and the gradients of θ and b(0); relative error, worst tensor):", "",
+                  "| positions | values | gradients |", "|---:|---:|---:|"]
+        lines += [f"| {r['positions']} | {fmt(r['values'])} | {fmt(r['gradients'])} |" for r in solve]
+    trainer = rows_of(report, "floater_graph", "trainer")
+    if trainer:
+        lines += ["", "fairseq's Trainer, `floater_transformer_tiny`: the gradient the optimizer steps with, graph vs "
+                  "loop (relative error, worst update):", "",
+                  "| mode | update-freq | updates | buckets captured | gradient error |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['mode']} | {r['update_freq']} | {r['updates']} | {r['captured_buckets']} | "
+                  f"{fmt(r['gradient_error'])} |" for r in trainer]
+    steps = rows_of(report, "floater_graph", "order_step")
+    memory = rows_of(report, "floater_graph", "order_memory")
+    if steps:
+        lines += ["", "Training steps (forward and backward, parameters held) at every length in both orders, "
+                  "graph vs loop (relative error of the gradient of every parameter, of the loss; worst of the "
+                  "capturing and the replaying step):", "",
+                  "| order | T | bucket | gradient error | loss error |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['order']} | {r['length']} | {r['bucket']} | {fmt(r['gradient_error'])} | "
+                  f"{fmt(r['loss_error'])} |" for r in steps]
+    if memory:
+        m0 = memory[0]
+        lines += ["", f"Memory after those steps ({m0['dims']} dims, {m0['tokens']} tokens per batch): graph memory = "
+                  f"{m0['graph_memory_measure']}; bound = {GRAPH_MEMORY_MARGIN:g} × the stage tape of the longest "
+                  "bucket + every bucket's own output and input gradients (MiB):", "",
+                  "| order | buckets captured | reserved, loop | reserved, graphs | peak, loop | peak, graphs | "
+                  "held by graphs | graph memory | tape | bucket buffers | bound |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['order']} | {r['captured_buckets']} | {fmt(r['reserved_loop_mib'], '.0f')} | "
+                  f"{fmt(r['reserved_graph_mib'], '.0f')} | {fmt(r['peak_loop_mib'], '.0f')} | "
+                  f"{fmt(r['peak_graph_mib'], '.0f')} | {fmt(r['held_by_graphs_mib'], '.1f')} | "
+                  f"{fmt(r['graph_memory_mib'], '.1f')} | {fmt(r['tape_mib'], '.1f')} | "
+                  f"{fmt(r['bucket_buffers_mib'], '.1f')} | {fmt(r['bound_mib'], '.1f')} |" for r in memory]
+    return lines
+
+
+def precision_lines(report):
+    plan = rows_of(report, "precision", "plan")
+    rows = rows_of(report, "precision", "precision")
+    if not plan:
+        return []
+    lines = [f"{plan[0]['updates']} updates, then beam 4 on the toy test set; {plan[0]['jobs']} jobs at a time.", "",
+             "| arch | mode | ok | train loss | fp32 loss | BLEU | identical to fp32 | sentences | s |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        same = r.get("identical_to_fp32")
+        lines.append(f"| `{r['arch']}` | {r['mode']} | {'yes' if r['ok'] else 'no: ' + r['error']} | "
+                     f"{fmt(r['train_loss'], '.3f')} | {fmt(r['fp32_loss'], '.3f')} | {fmt(r['bleu'], '.2f')} | "
+                     f"{'—' if same is None else f'{same:.1%}'} | {r['sentences']} | "
+                     f"{fmt(r.get('seconds'), '.0f')} |")
+    return lines
+
+
+def invariance_lines(report):
+    rows = rows_of(report, "invariance", "invariance")
+    lines = []
+    if rows:
+        lines += ["Largest |alone − batched| decoder logit: short sources left-padded beside a long batch-mate "
+                  "(tooling/invariance.py), teacher-forced and over the incremental steps shown with a beam reorder; "
+                  "sentences (of 3) whose beam-4 hypotheses differ alone.", "",
+                  "| scheme | dtype | teacher-forced | incremental (steps) | beam differs |",
+                  "|---|---|---:|---:|---:|"]
+        lines += [f"| {r['scheme']} | {r['dtype']} | {fmt(r['teacher_forced'])} | {fmt(r['incremental'])} "
+                  f"({r['steps']}) | {r['beam_differ']} |" for r in rows]
+    replay = rows_of(report, "invariance", "replay")
+    if replay:
+        lines += ["", "One seed trained twice (dropout 0.1, the toy task):", "",
+                  "| arch | deterministic algorithms | identical parameters | ms per update |", "|---|---|---|---:|"]
+        lines += [f"| `{r['arch']}` | {'on' if r['deterministic'] else 'off'} | "
+                  f"{r.get('error') or ('yes' if r['identical'] else 'no')} | {fmt(r['ms_per_update'], '.1f')} |"
+                  for r in replay]
+    return lines
+
+
+def invariance_worst(rows):
+    """{dtype: (bound, [(scheme, worst error)])}: each dtype's bound, the CPU's or twice the Transformer's."""
+    out = {}
+    for name in INVARIANCE_DTYPES:
+        mine = [(r["scheme"], max(r["teacher_forced"], r["incremental"])) for r in rows if r["dtype"] == name]
+        reference = [e for scheme, e in mine if scheme == "sinusoidal"]
+        bound = max([INVARIANCE_BOUND[name]] + [2 * e for e in reference])
+        out[name] = (bound, mine)
+    return out
+
+
+def bench_lines(report):
+    bench = rows_of(report, "bench", "bench")
+    lines = [f"`{b['command']}`: the full report is `{b['report']}`." for b in bench]
+    ratios = rows_of(report, "bench", "ratio")
+    if ratios:
+        lines += ["", "| model | T | train | decode | peak memory | train ms | peak MiB | buckets captured |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['model']} | {r['length']} | {fmt(r['train_ratio'], '.3f')} | "
+                  f"{fmt(r['decode_ratio'], '.3f')} | "
+                  f"{fmt(r['memory_ratio'], '.3f')} | {fmt(r['train_ms'], '.1f')} | {fmt(r['peak_mib'], '.0f')} | "
+                  f"{fmt(r['graph_buckets'], 'd')} |" for r in ratios]
+    return lines
+
+
+def fused_lines(report):
+    """Each scheme on flex and on today's path, as ratios to the Transformer, and flex's goals."""
+    bench = rows_of(report, "fused", "bench")
+    lines = [f"`{b['command']}`: the full report is `{b['report']}`." for b in bench]
+    ratios = {(r["model"], r["length"]): r for r in rows_of(report, "fused", "ratio")}
+    if not ratios:
+        return lines
+    lines += ["", "Ratios to fairseq's Transformer; goals of flex (to become the default): Shaw's update ≤ "
+              f"{FUSED_GOALS['relative'][0]:g}×, every score bias' ≤ {FUSED_GOALS['t5'][0]:g}×, peak memory ≤ "
+              f"{FUSED_GOALS['t5'][1]:g}×.", "",
+              "| scheme | T | train: today | train: flex | memory: today | memory: flex | flex ms | flex MiB | "
+              "flex recompiles while timed | flex within its goals |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lengths = sorted({T for _, T in ratios})
+    for name in FUSED_MODELS:
+        for T in lengths:
+            today, flex = ratios.get((name, T), {}), ratios.get((f"{name}_flex", T))
+            if flex is None:
+                continue
+            train_goal, memory_goal = FUSED_GOALS[name]
+            met = [flex.get("train_ratio"), flex.get("memory_ratio")]
+            verdict = (f"failed: {flex['error']}" if flex.get("error") else "—" if met[0] is None else
+                       "yes" if met[0] <= train_goal and (met[1] is None or met[1] <= memory_goal) else "no")
+            lines.append(f"| {name} | {T} | {fmt(today.get('train_ratio'), '.3f')} | {fmt(met[0], '.3f')} | "
+                         f"{fmt(today.get('memory_ratio'), '.3f')} | {fmt(met[1], '.3f')} | "
+                         f"{fmt(flex.get('train_ms'), '.1f')} | {fmt(flex.get('peak_mib'), '.0f')} | "
+                         f"{fmt(flex.get('compiled_timed'))} | {verdict} |")
+    return lines
+
+
+SECTION_LINES = {"machine": machine_lines, "floater_graph": floater_graph_lines, "precision": precision_lines,
+                 "bench": bench_lines, "fused": fused_lines, "invariance": invariance_lines}
+
+
+def markdown(report) -> str:
+    if report["dry_run"]:
+        lines = ["# GPU check — DRY RUN on CPU (no GPU: CUDA graphs emulated, no memory figures)", ""]
+    else:
+        lines = ["# GPU check", ""]
+    caps = ", ".join(f"{SECTIONS[n][0]} {report['caps'][n]:g} s" for n in report["selected"])
+    done = [n for n in report["selected"] if n in report["sections"]]
+    lines += [f"Command: `{report['command']}`", "",
+              f"Sections in order, each in its own process killed at its cap: {caps}. "
+              f"{len(done)} of {len(report['selected'])} done; wall time so far {report['seconds'] / 60:.1f} min"
+              + (f" (toy data: {report['data']})" if report.get("data") else "") + "."]
+    if tuple(report["selected"]) == FIRST_CALL:
+        lines += ["", "The speed sections d and e are a second call: `scripts/gpu_check.sh --sections bench,fused "
+                      "--out-dir DIR` (another folder, or it replaces this report)."]
+    for name in report["selected"]:
+        lines += ["", f"## {SECTIONS[name][0]}", ""]
+        s = report["sections"].get(name)
+        if s is None:
+            lines.append("Not run yet.")
+            continue
+        lines.append(status_line(s))
+        body = SECTION_LINES[name](report)
+        if body:
+            lines += [""] + body
+    lines += ["", "## Verdict", "", "| check | bound | worst | passed |", "|---|---|---:|---|"]
+    lines += [f"| {v['check']} | {v['bound']} | {fmt(v['worst'])} | {'yes' if v['passed'] else '**no**'} |"
+              for v in report["verdicts"]]
+    return "\n".join(lines) + "\n"
+
+
+def verdicts(report):
+    """One row per check of the sections run so far: its bound, the worst value measured, and whether it passed
+    (the exit status). A section that failed or timed out is one failed row with its reason; its checks cover the
+    rows it wrote before that (a completed section that lacks the rows a check needs fails that check)."""
+    out = []
+
+    def add(check, bound, values, passed):
+        values = [v for v in values if v is not None]
+        out.append({"check": check, "bound": bound, "worst": max(values) if values else None,
+                    "passed": bool(passed)})
+
+    sections = report["sections"]
+    for name, s in sections.items():
+        if s["status"] != "completed":
+            add(f"{s['title']}: {s['reason']}", f"completes within {s['cap_s']:g} s", [], False)
+
+    def completed(name):
+        return sections.get(name, {}).get("status") == "completed"
+
+    if "floater_graph" in sections:
+        solve = [max(r["values"], r["gradients"]) for r in rows_of(report, "floater_graph", "solve")]
+        if solve or completed("floater_graph"):
+            add("solve: graph vs loop (values, gradients)", f"≤ {SOLVE_BOUND:g}", solve,
+                solve and all(v <= SOLVE_BOUND for v in solve))
+        for r in rows_of(report, "floater_graph", "trainer"):
+            bound = TRAINER_BOUND[r["mode"]]
+            add(f"Trainer {r['mode']}, --update-freq {r['update_freq']}: gradient, graph vs loop", f"≤ {bound:g}",
+                [r["gradient_error"]], r["gradient_error"] is not None and r["gradient_error"] <= bound
+                and r["captured_buckets"] > 0)
+        for order in ("longest-first", "shortest-first"):
+            steps = [r for r in rows_of(report, "floater_graph", "order_step") if r["order"] == order]
+            memory = [r for r in rows_of(report, "floater_graph", "order_memory") if r["order"] == order]
+            if steps or completed("floater_graph"):
+                worst = [max(r["gradient_error"], r["loss_error"]) for r in steps]
+                add(f"training steps {order}: gradient and loss, graph vs loop", f"≤ {SOLVE_BOUND:g}", worst,
+                    steps and all(w <= SOLVE_BOUND for w in worst))
+            if memory or completed("floater_graph"):
+                ratios = [r["graph_memory_mib"] / r["bound_mib"] for r in memory]
+                add(f"graph memory {order} / its bound (buckets captured > 0)", "≤ 1", ratios,
+                    memory and all(x <= 1 for x in ratios) and all(r["captured_buckets"] > 0 for r in memory))
+    if "precision" in sections:
+        rows = [r for r in rows_of(report, "precision", "precision")
+                if completed("precision") or r.get("error") != "did not finish"]
+        drift = [abs(r["train_loss"] - r["fp32_loss"]) / r["fp32_loss"] for r in rows
+                 if r["ok"] and r["train_loss"] is not None and r["fp32_loss"]]
+        if rows or completed("precision"):
+            add("every arch × precision trains and decodes; loss vs fp32 (relative)", f"≤ {LOSS_BOUND:g}", drift,
+                rows and all(r["ok"] for r in rows) and all(d <= LOSS_BOUND for d in drift))
+    if "invariance" in sections:
+        rows = rows_of(report, "invariance", "invariance")
+        for name, (bound, worst) in invariance_worst(rows).items():
+            if worst or completed("invariance"):
+                add(f"batch invariance {name}: every scheme alone vs batched", f"≤ {bound:.3g}",
+                    [e for _, e in worst], worst and all(e <= bound for _, e in worst))
+        replay = rows_of(report, "invariance", "replay")
+        if replay or completed("invariance"):
+            plain = [r for r in replay if not r["deterministic"]]
+            add("one seed twice, the same parameters (default algorithms)", "identical", [],
+                plain and all(r["identical"] for r in plain))
+    if completed("bench"):
+        graphed = [r for r in rows_of(report, "bench", "ratio") if r["model"] == "floater_graph"]
+        add("benchmark ran; floater_graph captured at every length", "", [],
+            rows_of(report, "bench", "bench") and graphed and all(r["graph_buckets"] for r in graphed))
+    if completed("fused"):
+        flex = [r for r in rows_of(report, "fused", "ratio") if r["model"].endswith("_flex")]
+        add("fused attention: every scheme trained on flex", "", [],
+            {r["model"] for r in flex} == {f"{n}_flex" for n in FUSED_MODELS}
+            and all(r["train_ratio"] is not None for r in flex))
+    return out
+
+
+def write_report(report, out_dir, stem="gpu_check"):
+    """out_dir/stem.json and .md, each written atomically, with the wall time so far."""
+    report["seconds"] = time.time() - report["started"]
+    write_text(out_dir / f"{stem}.json", json.dumps({k: v for k, v in report.items() if k != "started"}, indent=1)
+               + "\n")
+    write_text(out_dir / f"{stem}.md", markdown(report))
