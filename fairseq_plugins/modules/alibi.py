@@ -34,6 +34,8 @@ def alibi_slopes(num_heads: int) -> List[float]:
 
 
 class ALiBi(PositionScheme):
+    title, equation = "ALiBi (Press et al.)", "−m_h·|j − i|"
+
     @classmethod
     def build(cls, cfg, heads, head_dim, causal):
         return cls(heads)

@@ -37,6 +37,7 @@ EPS = 1e-6  # the reference code's, added to the normaliser
 
 
 class FIRE(PositionScheme):
+    title, equation = "FIRE (Li et al.)", "f_θ(ψ(|j − i|) / ψ(max(L, i)))"
     flags = (Flag("--fire-threshold", positive(float), "L0", "FIRE: the threshold L's starting value, L = |λ·L0| with "
                   "λ learned from 1 (default 512, the paper's)", 512.0),)
 

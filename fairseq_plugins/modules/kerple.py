@@ -39,6 +39,8 @@ def inverse_softplus(r: Tensor) -> Tensor:
 
 
 class KerpleLog(PositionScheme):
+    title, equation = "KERPLE log (Chi et al.)", "−r1_h·log(1 + r2_h·|j − i|)"
+
     @classmethod
     def build(cls, cfg, heads, head_dim, causal):
         return cls(heads)

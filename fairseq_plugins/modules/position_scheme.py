@@ -9,55 +9,16 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
     out   = attend(q, k, v, mask)           (instead of the line above, where the scheme owns the product: Shaw)
     e_ij  = q_i·k_j / sqrt(d_z) + cross_bias(i, j, S)_h + mask_ij                (cross-attention, with a prior)
 
-- ``embed(cfg, stack, embed_dim, max_positions)`` (class hook, at build): the module the stack keeps as fairseq's
-  ``embed_positions``, (B, T) tokens → (B, T, C = embed_dim) added to the token embeddings; None adds nothing.
-  fairseq's stack has built its own sinusoid already (its learned table where ``learned_table`` says so:
-  ``embedding == "learned"`` by default).
-- ``every_block`` (class attribute): whether the stack also adds ``embed``'s signal, the same (T, B, C) tensor, to
-  the input of every block after the first (FLOATER's Table 2 baseline, ``every_layer.py``).
-- ``build(cfg, heads, head_dim, causal)`` (class hook, at build): the scheme's module in self-attention, one
-  per stack and shared by its layers (a T5 table is one set of parameters per stack), or None: fairseq's own
-  attention.
-- ``rotate(q, k, pos)``: q, k (B, H, T, d) rotated by their positions pos (T,) → (q, k); default: unchanged.
-- ``score_bias(q_pos, k_pos, dtype)``: the logit bias (H, T, S) for query positions q_pos (T,) and key positions
-  k_pos (S,), in dtype (float32, or float64 for a float64 model); default None: no bias. ``flex_score_mod`` may
-  give the same bias as FlexAttention's score_mod (``fused_attention.bias_score_mod``).
-- ``absolute_positions`` (class attribute): whether the hooks above read a position itself, not only i − j
-  (FIRE's normaliser ψ(max(L, i))). Then, where the batch is padded, they get each sentence's positions counted
-  from its first real token, q_pos (B, T) and k_pos (B, S) (rotate: pos (B, T)), and score_bias returns
-  (B, H, T, S): a sentence's positions never depend on its batch-mates' lengths.
-- ``attend(attention, q, k, v, mask, dropout_p, need_weights)`` (where ``owns_product``): the whole product of
-  one self-attention, for a scheme that changes it (Shaw's e_ij = q_i·(k_j + a^K_ij), z_i = Σ_j α_ij (v_j + a^V_ij)):
-  q (B, H, T, d) unscaled, k and v (B, H, S, d) after the cache, mask fairseq's masks as one additive mask
-  (``positional_attention.additive_mask``) or, where the attention runs FlexAttention, a
-  ``fused_attention.FlexMask``; dropout_p the attention dropout to apply → (out (B, H, T, d), weights
-  (B, H, T, S) or None). ``scores(attention, q, k)`` gives its e_ij before the masks, (B, H, T, S), for
-  fairseq's ``before_softmax``. The attention splits the heads, keeps the cache, builds the masks, picks the
-  dropout and projects the output, for every scheme alike.
-- ``layer_parameters()``: parameters that each self-attention of the stack owns, {name: Parameter or None}, kept
-  under those names as the attention's own (Shaw's tables are one per layer, as in the paper); default none.
-- ``size_defaults`` (class attribute): per size of ``schemes.SIZES``, argument values the scheme's architectures
-  pin where the command line leaves them (Shaw's paper: FFN 1024 in its base model, k = 8 and shared tables in
-  its big one).
-- Projection biases (``projects``, FLOATER): ``attach(attention)``, at build, by every attention built with the
-  module (a stack's self-attentions and, in the decoder, its cross-attentions, block by block): its projections;
-  ``join(other)``, at build, with the other stack's module of the same class (FLOATER's flows solved together);
-  ``batch(n)``, a context around one model forward whose longest sequence has n tokens (one solve for both
-  stacks); ``prepare(stack, tokens, encoder_out, incremental_state)``, a context around one forward of the stack
-  (the biases for its tokens' positions); ``project(attention, name, x)``: the attention's projection ``name``
-  (q_proj, k_proj, v_proj) of x (T, B, C) with its bias; ``check_decoding_step(stack, features, tokens,
-  encoder_out)`` after each step of incremental decoding (one line for non-finite features). The defaults do
-  nothing (``project``: the projection alone).
-- ``build_cross(cfg, heads)`` (class hook, at build) and ``cross_bias(q_pos, k_pos, src_lengths, dtype)``: a prior
-  in the decoder's cross-attention (``--cross-position-prior``, whatever the stacks' schemes): the module, one
-  per decoder and shared by its layers, or None (cross-attention stays fairseq's: source and target positions
-  are not comparable without one); its logit bias (B, H, T, S) for decoder positions q_pos (T,), each key's
-  position among its sentence's real tokens k_pos (B, S) and the real source lengths src_lengths (B,).
-
-Flags belong to their scheme: ``flags`` (``fairseq_plugins/flags.py``'s ``Flag``: name, parser, help, default)
-are added by ``add_args``, filled in by ``defaults`` and checked by ``validate`` (``FlagError``, one line) on a
-model one of whose stacks uses the scheme (or whose cross-attention prior it is); on any other model a value
-other than the default is refused.
+Class hooks, at build: ``embed`` (the stack's ``embed_positions``; None adds nothing), ``build`` (the module in
+self-attention, one per stack, shared by its layers; None: fairseq's attention), ``build_cross`` (a prior in the
+decoder's cross-attention). Module hooks: ``rotate``, ``score_bias`` (H, T, S), ``attend``/``scores`` (where
+``owns_product``), ``layer_parameters``, the projection biases (``projects``: ``attach``, ``join``, ``batch``,
+``prepare``, ``project``, ``check_decoding_step``), ``cross_bias`` (B, H, T, S). Class attributes: ``embedding``,
+``every_block``, ``absolute_positions`` (the hooks read positions themselves: per sentence, (B, T)),
+``size_defaults``, ``flags`` (added by ``add_args``, filled in by ``defaults``, checked by ``validate``; refused
+in one line on a model that does not use the scheme), and ``title``/``equation`` (how figures name the scheme and
+its term in e_ij: scripts/plot_positions.py). Each hook's arguments, shapes and defaults:
+docs/position_schemes.md, "The contract, hook by hook".
 
 Mapping to code: ``PositionScheme`` is that contract; ``Sinusoidal``, ``Learned`` and ``NoPE`` are fairseq's two
 embeddings and no position at all, which need none of the hooks' maths; every other scheme is one module of
@@ -78,6 +39,8 @@ from ..flags import Flag
 class PositionScheme(nn.Module):
     embedding = "none"  # what the stack adds to its token embeddings: sinusoidal | learned | shape | none
     flags: Tuple[Flag, ...] = ()
+    title = ""  # the scheme as figures name it, with its paper: "ALiBi (Press et al.)"
+    equation = ""  # its term in the logit e_ij, as figures write it: "−m_h·|j − i|"
 
     # -- its flags, read before anything is built ------------------------------------------------------------
 

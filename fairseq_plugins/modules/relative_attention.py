@@ -2,49 +2,28 @@
 
 For one head of size d_z, a query at position i, a key at position j and a clipping distance k (eqs. 2-4):
 
-    e_ij   = x_i W^Q (x_j W^K + a^K_ij)^T / sqrt(d_z)
-    α_ij   = softmax_j(e_ij)
-    z_i    = Σ_j α_ij (x_j W^V + a^V_ij)
+    e_ij   = x_i W^Q (x_j W^K + a^K_ij)^T / sqrt(d_z),   α_ij = softmax_j(e_ij),   z_i = Σ_j α_ij (x_j W^V + a^V_ij)
     a^K_ij = w^K_clip(j−i, k),   a^V_ij = w^V_clip(j−i, k),   clip(x, k) = max(−k, min(k, x))
 
-w^K and w^V are tables of 2k+1 learned vectors of size d_z, either one table per head or one shared by all heads.
-k = 0 is the paper's "no position" ablation (Table 2, 12.5 BLEU): every pair uses the same vector w_0, so the key
-term q_i·w^K_0 is constant along j (softmax ignores it) and the value term is the constant w^V_0; it is computed
-exactly as the equations say and carries no position information.
-
-How the code computes it without ever building a (T, S, d_z) tensor (the paper's §3.3 split). Write
-b(i, j) = clip(j − i, k) + k ∈ {0, …, 2k} for the table row of pair (i, j), and q_i = x_i W^Q / sqrt(d_z):
+w^K, w^V: 2k+1 learned vectors of size d_z, one table per head or one shared by the heads. Without a (T, S, d_z)
+tensor (the paper's §3.3 split), with b(i, j) = clip(j − i, k) + k the table row of pair (i, j) and
+q_i = x_i W^Q / sqrt(d_z):
 
     e_ij = q_i·(x_j W^K) + P[i, b(i, j)],     P = q (w^K)^T               (T, 2k+1)   gather_by_offset(P)
     z_i  = Σ_j α_ij (x_j W^V) + Σ_m A_im w^V_m,  A_im = Σ_{j: b(i,j)=m} α_ij   (T, 2k+1)   sum_by_offset(α)
 
-gather_by_offset and sum_by_offset are adjoint linear maps, so each one's backward is the other. sum_by_offset needs
-no scatter: bucket 0 holds every j ≤ i−k, bucket 2k every j ≥ i+k, and each bucket in between is the single key
-j = i−k+m, so A is 2k−1 gathered diagonals of α and two row sums over the tails (one small matrix product).
-Query i of a call sits at absolute position i + (S − T): S − T is the number of steps already cached during
-incremental decoding, and 0 otherwise, so step-by-step decoding scores exactly what a full causal forward scores.
-
-The attention itself (`RelativeAttention`) is one autograd function whose backward is written out (d· is the gradient
-of the loss, out_i = z_i):
+Query i of a call sits at absolute position i + (S − T) (S − T: the steps already cached). The backward
+(``RelativeAttention``, one autograd function; it recomputes α from q and k, as FlashAttention does):
 
     dA = dz (w^V)^T,  dw^V = A^T dz,  dv = α^T dz,  dα = dz v^T + gather_by_offset(dA)
-    de_ij = α_ij (dα_ij − Σ_j' α_ij' dα_ij') = α_ij (dα_ij − dz_i·z_i)            (softmax; the sum is dz_i·z_i)
-    dP = sum_by_offset(de),  dq = de k + dP w^K,  dk = de^T q,  dw^K = dP^T q
+    de_ij = α_ij (dα_ij − dz_i·z_i),  dP = sum_by_offset(de),  dq = de k + dP w^K,  dk = de^T q,  dw^K = dP^T q
 
-The scores are one buffer per call: gathered P, the product q k^T accumulated into it, masked and turned into α in
-place; so is dα (gathered dA, dz v^T accumulated, turned into de in place). As FlashAttention does, the backward
-recomputes α from q and k instead of keeping it from the forward: no (T, S) tensor per layer waits for the backward
-(at T = 256 the saved α would add about 6% to a base model's training memory; recomputing costs about 2% of an
-update, see results/bench.md). Memory stays O(B·H·T·S + B·H·T·(2k+1)) per layer at a time.
-``attention_backend="flex"`` computes the same z without any (T, S) tensor (``fused_attention.shaw_flex``,
-derivation in docs/fused_attention.md).
-
-Mapping to code: ``ShawRelative`` is the scheme (``position_scheme.py``'s contract) that ``position_transformer``
-builds for a Shaw stack: its flags, its architectures' per-size settings, its tables (``layer_parameters``: each
-self-attention's ``relative_keys`` and ``relative_values``) and the product (``attend``, ``scores``);
-``PositionalSelfAttention`` (``PositionalAttention``'s one forward) splits the heads, keeps the cache, builds the
-masks, picks the dropout and projects the output. ``RelativeMultiheadAttention`` is that attention with a Shaw
-scheme of its own, for one layer alone.
+Mapping to code: ``ShawRelative`` is the scheme (``position_scheme.py``'s contract): its flags, per-size settings,
+tables (``layer_parameters``: each self-attention's ``relative_keys``, ``relative_values``) and the product
+(``attend``, ``scores``); ``PositionalSelfAttention`` splits the heads, keeps the cache, builds the masks, picks the
+dropout and projects the output; ``RelativeMultiheadAttention`` is that attention with a Shaw scheme of its own.
+``attention_backend="flex"``: ``fused_attention.shaw_flex`` (docs/fused_attention.md). Why k = 0 carries no
+position, how sum_by_offset needs no scatter, and what the buffers cost: docs/position_schemes.md.
 """
 
 import contextlib

@@ -38,6 +38,7 @@ _LONGER = "RoPE, for decoding longer inputs than training"
 
 
 class RoPE(PositionScheme):
+    title, equation = "RoPE (Su et al.)", "q_i·R_(j−i) k_j"
     flags = (
         Flag("--rope-base", positive(float), "b", "RoPE: θ_i = b^(-2i/d) (default 10000, the paper's)", 10000.0),
         Flag("--rope-scaling", one_of(SCALINGS), "KIND",

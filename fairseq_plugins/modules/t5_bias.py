@@ -60,6 +60,7 @@ T5_INITS = ("glorot", "normal", "zeros")  # --t5-bias-init: mesh-tensorflow's, H
 
 class T5Bias(PositionScheme):
     """One stack's β (num_buckets, heads): ``score_bias`` gives the (heads, T, S) logit bias."""
+    title, equation = "T5 relative bias (Raffel et al.)", "β_h[bucket(j − i)]"
 
     flags = (
         Flag("--t5-num-buckets", at_least(int, 4), "B", "T5 bias: buckets of relative distance (default 32)", 32),
