@@ -17,6 +17,11 @@
   scripts/study.py every-run --runs RUNS --models "rope" --seeds "1 2 3"
   # validation loss against updates, one line per run
   scripts/study.py plot --runs RUNS --out OUT_DIR/valid_loss.png
+  # the study in one table (a row per scheme: 8 and 20 epochs, converged, the probe, a reading) into
+  # results/multi30k_study/results_table.md and the READMEs' copies; --check: exit 1 where a copy differs
+  scripts/study.py results-table [--check]
+  # the length probe in one figure: BLEU and length ratio by bucket, every scheme of a condition, seed bands
+  scripts/study.py probe-plot [--folder results/multi30k_study/tok32_joined --out results/multi30k_study/probe.png]
   # a finished run trained again (its checkpoints were lost): one line on how it compares with the record
   scripts/study.py retrain-note --recorded RUNS/transformer.seed1.json --test-json RUN/test.json --out F
 """
@@ -24,7 +29,7 @@ import argparse
 import os
 from pathlib import Path
 
-from tooling import study
+from tooling import results_table, study
 
 
 def decide(args):
@@ -41,7 +46,8 @@ def every_run(args):
 def tabulate(args):
     """Every table and plot of a study folder in one process (the recipe calls it after each run): the claims
     table of every finished run (every-run), the length probe's table, the results' paths made portable, the
-    validation curves."""
+    validation curves; then the study's results table and probe figure where this folder is one of their
+    sources (tooling/results_table.py)."""
     import length_probe
     import result_paths
 
@@ -56,6 +62,20 @@ def tabulate(args):
     if any(Path(args.runs).glob("*.json")):
         study.plot(argparse.Namespace(runs=args.runs, out=os.path.join(args.out, "valid_loss.png"),
                                       title=args.plot_title))
+    results_table.refresh(args.out)
+
+
+def table_of_results(args):
+    if args.check:
+        wrong = results_table.check()
+        for path, what in wrong:
+            print(f"{path}: {what}")
+        raise SystemExit(1 if wrong else 0)
+    print(results_table.write(), end="")
+
+
+def probe_plot(args):
+    print(f"probe plot -> {results_table.plot_probe(args.folder, args.out)}")
 
 
 def plan(args):
@@ -123,10 +143,16 @@ def main():
     d.add_argument("--probe", action="store_true", help="every run has its length probe (the recipe's PROBE=1)")
     d.add_argument("--probe-retrain", action="store_true",
                    help="a finished run without its probe or checkpoints is trained again to probe it")
+    rt = sub.add_parser("results-table", help="the study in one table, into results_table.md and the READMEs")
+    rt.add_argument("--check", action="store_true", help="change nothing; exit 1 where a README's copy differs")
+    pp = sub.add_parser("probe-plot", help="the train-short length probe in one figure")
+    pp.add_argument("--folder", default=str(results_table.ROOT / results_table.PROBE),
+                    help="a condition's folder (its runs/*.probe.json, summary.json)")
+    pp.add_argument("--out", default=str(results_table.ROOT / results_table.FIGURE))
     args = ap.parse_args()
     {"run-result": study.run_result, "table": study.table, "plot": study.plot, "updates": study.updates,
      "retrain-note": study.retrain_note, "every-run": every_run, "plan": plan, "decide": decide,
-     "tabulate": tabulate}[args.cmd](args)
+     "tabulate": tabulate, "results-table": table_of_results, "probe-plot": probe_plot}[args.cmd](args)
 
 
 if __name__ == "__main__":
