@@ -1,6 +1,7 @@
 """The study in one table and one figure (scripts/tooling/results_table.py): the READMEs' copies of the table are
 what the committed runs give, its readings are short, a converged campaign's summary fills its column, the probe's
 figure is drawn from the committed probe files; the study's documents stay short enough to read."""
+import json
 import re
 import shutil
 import subprocess
@@ -57,6 +58,13 @@ def test_the_converged_column_reads_a_gpu_summary_when_there_is_one(tmp_path):
     rows = [line.split(" | ") for line in rt.build(root).splitlines() if line.startswith("| ") and "`" in line]
     assert all(r[3] == r[2] for r in rows)
     assert "at converged (GPU) (3 seeds)" in rt.build(root)
+    # a campaign under way: models listed without runs yet (table.md's PARTIAL) leave their cells empty
+    partial = json.loads(gpu.read_text(encoding="utf-8"))
+    partial["models"] = {m: {"seeds": [], "bleu_tok_lc": [], "bleu": []} for m in ("transformer", "rope")}
+    partial["claims"] = []
+    gpu.write_text(json.dumps(partial), encoding="utf-8")
+    rows = [line.split(" | ") for line in rt.build(root).splitlines() if line.startswith("| ") and "`" in line]
+    assert all(r[3] == "—" for r in rows)
 
 
 def test_every_cell_is_the_stored_result():
@@ -72,8 +80,6 @@ def test_every_cell_is_the_stored_result():
 
 
 def test_readings_cover_every_scheme_in_a_dozen_words():
-    import json
-
     models = json.loads((REPO / rt.SOURCES["8 epochs"]).read_text(encoding="utf-8"))["models"]
     assert set(models) <= set(rt.READINGS)
     for model, (label, reading) in rt.READINGS.items():
@@ -83,6 +89,15 @@ def test_readings_cover_every_scheme_in_a_dozen_words():
 def test_tabulate_remakes_the_table_only_for_its_sources(tmp_path):
     assert not rt.refresh(tmp_path)
     assert REPO / rt.PROBE in rt.sources() and REPO / "results" / "multi30k_gpu" in rt.sources()
+    root = source_tree(tmp_path / "root")
+    (root / rt.PROBE / "runs").mkdir()
+    shutil.copy(REPO / rt.PROBE / "summary.json", root / rt.PROBE)
+    for probe in (REPO / rt.PROBE / "runs").glob("*.probe.json"):
+        shutil.copy(probe, root / rt.PROBE / "runs")
+    assert not rt.refresh(root / rt.STUDY / "len14", root=root)  # not a source
+    assert not (root / rt.TABLE_FILE).exists()
+    assert rt.refresh(root / rt.STUDY / "epochs20", root=root)
+    assert rt.check(root) == [] and (root / rt.FIGURE).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_probe_plot_draws_the_committed_probe_files(tmp_path):

@@ -140,7 +140,7 @@ def build(root=ROOT):
         cells = []
         for name, summary in summaries.items():
             entry = (summary or {}).get("models", {}).get(m)
-            if not entry:
+            if not entry or not entry.get("bleu_tok_lc"):  # not in that table, or no run of it yet
                 cells.append("—")
             elif m == BASELINE:
                 cells.append(f"{statistics.mean(entry['bleu_tok_lc']):.2f} BLEU")
