@@ -14,8 +14,10 @@ from fairseq.modules import SinusoidalPositionalEmbedding
 from conftest import REPO, env
 from helpers.floater_helpers import randomize_flows
 from helpers.tiny_models import PAD, build_with_args, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from fairseq_plugins.modules.position_scheme import PositionScheme
 
 import plot_positions as pp
+from tooling import position_arrays as pa, position_figures as pf
 
 PNG = b"\x89PNG\r\n\x1a\n"
 N = 40  # positions drawn: past a power of two of FLOATER's cache, past the learned tables' 24 rows
@@ -78,8 +80,8 @@ def naive_cosine(x):
 
 def test_floater_biases_are_b0_plus_the_flows_own_solve(checkpoints):
     models, paths = checkpoints
-    loaded = pp.load_model(str(paths["floater"]))
-    flows = pp.floater_biases(loaded, N)
+    loaded = pa.load_model(str(paths["floater"]))
+    flows = pa.floater_biases(loaded, N)
     original = models["floater"]
     parts = {"encoder": (original.encoder.position_scheme.flow, original.encoder.position_scheme.projections),
              "decoder": (original.decoder.position_scheme.flow, original.decoder.position_scheme.projections),
@@ -97,7 +99,7 @@ def test_floater_biases_are_b0_plus_the_flows_own_solve(checkpoints):
     assert flows[1]["labels"][:4] == [(0, "q"), (0, "k"), (0, "v"), (0, "cross-q")]
     assert flows[2]["labels"][:2] == [(0, "cross-k"), (0, "cross-v")]
 
-    per_projection, pooled = pp.floater_similarities(flows[1])
+    per_projection, pooled = pa.floater_similarities(flows[1])
     for j in (0, 3):
         torch.testing.assert_close(per_projection[j], naive_cosine(flows[1]["biases"][:, j]))
     torch.testing.assert_close(pooled[1], per_projection[4:8].mean(0))
@@ -105,13 +107,13 @@ def test_floater_biases_are_b0_plus_the_flows_own_solve(checkpoints):
 
 def test_sinusoid_is_fairseqs_and_its_similarity_symmetric_with_unit_diagonal(checkpoints):
     models, paths = checkpoints
-    model = pp.load_model(str(paths["sinusoidal"]))
+    model = pa.load_model(str(paths["sinusoidal"]))
     dim = model.encoder.embed_positions.embedding_dim
-    rows = pp.sinusoid(N, dim, module=model.encoder.embed_positions)
+    rows = pa.sinusoid(N, dim, module=model.encoder.embed_positions)
     table = SinusoidalPositionalEmbedding.get_embedding(N + PAD + 1, dim, PAD)
     torch.testing.assert_close(rows, table[PAD + 1:])  # position i is fairseq's row padding_idx + 1 + i
-    torch.testing.assert_close(pp.sinusoid(N, dim), rows)  # the reference beside FLOATER: the same rows
-    sim = pp.cosine_similarity(rows)
+    torch.testing.assert_close(pa.sinusoid(N, dim), rows)  # the reference beside FLOATER: the same rows
+    sim = pa.cosine_similarity(rows)
     torch.testing.assert_close(sim, sim.T)
     torch.testing.assert_close(sim.diagonal(), torch.ones(N, dtype=torch.float64))
     torch.testing.assert_close(sim, naive_cosine(rows))
@@ -122,40 +124,40 @@ def test_randomized_positions_are_drawn_where_evaluation_puts_them(checkpoints, 
     """The sinusoid at the spread rule's positions of an N-token sentence, p_r = round((r + 1)(L + 1)/(N + 1)) − 1,
     in both stacks (the decoder's n̂ = round(ρ·S) from a source as long, ρ = 1), not a crash on the decoder."""
     _, paths = checkpoints
-    model = pp.load_model(str(paths["randomized"]))
+    model = pa.load_model(str(paths["randomized"]))
     for part in ("encoder", "decoder"):
         module = getattr(model, part).embed_positions
         top = module.max_position
         positions = [round((r + 1) * (top + 1) / (N + 1)) - 1 for r in range(N)]
         table = SinusoidalPositionalEmbedding.get_embedding(top + PAD + 1, module.embedding_dim, PAD)
-        rows = pp.sinusoid(N, module.embedding_dim, module=module)
+        rows = pa.sinusoid(N, module.embedding_dim, module=module)
         torch.testing.assert_close(rows, table[[PAD + 1 + p for p in positions]])
         assert module.source_lengths is None  # left as the decoder expects it
     with torch.no_grad():
-        written = pp.figures(model, "randomized", N, (12, 14), str(tmp_path))
+        written = pf.figures(model, "randomized", N, (12, 14), str(tmp_path))
     assert [p.rsplit("/", 1)[-1] for p in written] == ["randomized_sinusoidal.png"]
-    headline = pp.headline(model, N)
+    headline = pf.headline(model, N)
     assert headline["kind"] == "randomized" and "randomized" in headline["title"]  # not "sinusoidal" in compare.png
 
 
 @pytest.mark.parametrize("family", ["learned", "every_layer_learned"])
 def test_learned_table_similarity_is_the_tables_rows(checkpoints, family):
     models, paths = checkpoints
-    model = pp.load_model(str(paths[family]))
+    model = pa.load_model(str(paths[family]))
     for part in ("encoder", "decoder"):
         module = getattr(model, part).embed_positions
-        rows = pp.learned_rows(module, N)
+        rows = pa.learned_rows(module, N)
         assert rows.shape[0] == 24  # the table's length, not N
         torch.testing.assert_close(rows, getattr(models[family], part).embed_positions.weight[PAD + 1:].detach())
-        torch.testing.assert_close(pp.cosine_similarity(rows), naive_cosine(rows))
-    assert pp.scheme(model) == "learned"
+        torch.testing.assert_close(pa.cosine_similarity(rows), naive_cosine(rows))
+    assert pa.scheme(model) == "learned"
 
 
 @pytest.mark.parametrize("family, heads", [("relative", 2), ("relative_shared", 1)])
 def test_relative_norms_are_the_norms_of_the_tables_rows(checkpoints, family, heads):
     models, paths = checkpoints
-    model = pp.load_model(str(paths[family]))
-    tables = pp.relative_tables(model)
+    model = pa.load_model(str(paths[family]))
+    tables = pa.relative_tables(model)
     layers = len(model.encoder.layers) + len(model.decoder.layers)
     assert len(tables) == 2 * layers and {t["table"] for t in tables} == {"a^K", "a^V"}
     original = dict(models[family].named_parameters())
@@ -164,12 +166,12 @@ def test_relative_norms_are_the_norms_of_the_tables_rows(checkpoints, family, he
         side, _, layer = t["name"].split()
         name = f"{side}.layers.{int(layer) - 1}.self_attn.relative_{'keys' if t['table'] == 'a^K' else 'values'}"
         table = original[name].detach().double().reshape(heads, 2 * k + 1, -1)
-        norms = pp.relative_norms(t)
+        norms = pa.relative_norms(t)
         assert norms.shape == (heads, 2 * k + 1)
         for h in range(heads):
             for m in range(2 * k + 1):
                 assert float(norms[h, m]) == pytest.approx(float(torch.linalg.norm(table[h, m])), rel=1e-12)
-        sim = pp.relative_similarity(t)
+        sim = pa.relative_similarity(t)
         torch.testing.assert_close(sim, torch.stack([naive_cosine(table[h]) for h in range(heads)]).mean(0))
         torch.testing.assert_close(sim.diagonal(), torch.ones(2 * k + 1, dtype=torch.float64))
 
@@ -181,13 +183,13 @@ def test_t5_and_alibi_curves_are_their_biases_by_distance(checkpoints):
 
     models, paths = checkpoints
     for family in ("t5", "alibi"):
-        model = pp.load_model(str(paths[family]))
-        entries = pp.attention_schemes(model)
+        model = pa.load_model(str(paths[family]))
+        entries = pa.attention_schemes(model)
         assert [(e["part"], e["kind"], e["causal"]) for e in entries] == [("encoder", family, False),
                                                                           ("decoder", family, True)]
-        assert pp.scheme(model) == family
+        assert pa.scheme(model) == family
         for entry in entries:
-            x, values = pp.score_bias_by_distance(entry, N)
+            x, values = pa.score_bias_by_distance(entry, N)
             assert x == (list(range(-(N - 1), 1)) if entry["causal"] else list(range(-(N - 1), N)))
             original = getattr(models[family], entry["part"]).position_scheme
             heads = values.size(0)
@@ -221,9 +223,9 @@ def test_rope_curve_is_the_vocabulary_mean_of_one_words_rotated_logit(checkpoint
     """mean_w (R_i q(w))·(R_j k(w))/√d_z for the first encoder layer, q and k projected from the word's scaled
     embedding, at i = 3 and j = 3 + d: depends on d only and equals the tool's curve."""
     models, paths = checkpoints
-    model = pp.load_model(str(paths["rope"]))
-    entry = pp.attention_schemes(model)[0]
-    x, values = pp.rope_logits_by_distance(model, entry, N, chunk=7)  # chunks that do not divide the vocabulary
+    model = pa.load_model(str(paths["rope"]))
+    entry = pa.attention_schemes(model)[0]
+    x, values = pa.rope_logits_by_distance(model, entry, N, chunk=7)  # chunks that do not divide the vocabulary
     original = models["rope"].encoder
     attn = original.layers[0].self_attn
     heads, dz = attn.num_heads, attn.head_dim
@@ -236,7 +238,7 @@ def test_rope_curve_is_the_vocabulary_mean_of_one_words_rotated_logit(checkpoint
                 qh, kh = q[:, h * dz:(h + 1) * dz], k[:, h * dz:(h + 1) * dz]
                 naive = (rotate(qh, 3) * rotate(kh, 3 + d)).sum(-1).mean() / math.sqrt(dz)
                 assert float(values[h, x.index(d)]) == pytest.approx(float(naive), rel=1e-4, abs=1e-5), (h, d)
-    shift, alone = pp.rope_rotation_only(entry, N)
+    shift, alone = pa.rope_rotation_only(entry, N)
     assert float(alone[shift.index(0)]) == pytest.approx(1.0) and float(alone[shift.index(N - 1)]) < 0.9
 
 
@@ -271,11 +273,11 @@ def test_compare_titles_each_panel_and_shares_an_axis_only_within_one_quantity(c
     bias), the others on their own; one colour bar beside each heatmap, none beside a curve."""
     _, paths = checkpoints
     families = ["floater", "sinusoidal", "learned", "relative", "t5", "alibi", "rope"]
-    models = [pp.load_model(str(paths[f])) for f in families]
+    models = [pa.load_model(str(paths[f])) for f in families]
     figures = []
-    monkeypatch.setattr(pp, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
+    monkeypatch.setattr(pf, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
     with torch.no_grad():  # as main draws
-        pp.compare_figure(models, families, N, (12, 14), str(tmp_path))
+        pf.compare_figure(models, families, N, (12, 14), str(tmp_path))
     fig, = figures
     panels = [ax for ax in fig.axes if ax.get_title()]
     bars = [ax for ax in fig.axes if ax.get_ylabel() == "cosine similarity"]
@@ -288,7 +290,7 @@ def test_compare_titles_each_panel_and_shares_an_axis_only_within_one_quantity(c
     by_quantity = {}
     for ax in panels:
         by_quantity.setdefault(ax.get_ylabel(), []).append(ax.get_ylim())
-    angles = by_quantity[pp.NEIGHBOURS]
+    angles = by_quantity[pf.NEIGHBOURS]
     assert len(angles) == 3 and len(set(angles)) == 1 and angles[0][0] == 0
     assert len(set(by_quantity["logit bias"])) == 1 and len(by_quantity["logit bias"]) == 4
     norms = by_quantity["L2 norm (mean over heads, layers)"]
@@ -300,10 +302,10 @@ def test_a_constant_angle_is_drawn_inside_its_panel_not_on_its_frame(checkpoints
     top of the axis on that line, hidden by the frame."""
     _, paths = checkpoints
     figures = []
-    monkeypatch.setattr(pp, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
+    monkeypatch.setattr(pf, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
     with torch.no_grad():
-        pp.compare_figure([pp.load_model(str(paths["sinusoidal"]))], ["sinusoidal"], N, None, str(tmp_path))
-    angle, = [ax for ax in figures[0].axes if ax.get_ylabel() == pp.NEIGHBOURS]
+        pf.compare_figure([pa.load_model(str(paths["sinusoidal"]))], ["sinusoidal"], N, None, str(tmp_path))
+    angle, = [ax for ax in figures[0].axes if ax.get_ylabel() == pf.NEIGHBOURS]
     line, = angle.get_lines()
     low, high = angle.get_ylim()
     assert low == 0 and max(line.get_ydata()) < 0.95 * high
@@ -312,10 +314,10 @@ def test_a_constant_angle_is_drawn_inside_its_panel_not_on_its_frame(checkpoints
 def test_attention_figures_share_the_stacks_axis_and_name_the_budget(checkpoints, tmp_path, monkeypatch):
     _, paths = checkpoints
     figures = []
-    monkeypatch.setattr(pp, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
+    monkeypatch.setattr(pf, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
     with torch.no_grad():
         for family in ("rope", "relative"):
-            pp.figures(pp.load_model(str(paths[family])), f"{family}.seed1", N, None, str(tmp_path))
+            pf.figures(pa.load_model(str(paths[family])), f"{family}.seed1", N, None, str(tmp_path))
     rope, relative = figures[0], figures[1]
     assert rope._suptitle.get_text().startswith("rope.seed1 (untrained): RoPE")
     encoder, decoder, rotation = rope.axes
@@ -326,7 +328,7 @@ def test_attention_figures_share_the_stacks_axis_and_name_the_budget(checkpoints
 
 def test_neighbour_angle_is_the_angle_between_neighbouring_rows():
     x = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0], [0.0, -1.0]])
-    assert pp.neighbour_angle(x).tolist() == pytest.approx([45.0, 45.0, 180.0])
+    assert pa.neighbour_angle(x).tolist() == pytest.approx([45.0, 45.0, 180.0])
 
 
 def test_a_missing_checkpoint_is_one_line_and_exit_2(tmp_path):
@@ -385,9 +387,9 @@ def test_a_hydra_checkpoint_loads_too(checkpoints, tmp_path):
     model, args = make("relative_shared")
     fields = {k: v for k, v in vars(args).items() if k != "arch"}
     path = save(model, {"_name": args.arch, **fields}, tmp_path / "hydra.pt")
-    loaded = pp.load_model(str(path))
-    assert pp.scheme(loaded) == "relative" and loaded.checkpoint_arch == "relative_transformer_tiny"
-    for a, b in zip(pp.relative_tables(loaded), pp.relative_tables(model)):
+    loaded = pa.load_model(str(path))
+    assert pa.scheme(loaded) == "relative" and loaded.checkpoint_arch == "relative_transformer_tiny"
+    for a, b in zip(pa.relative_tables(loaded), pa.relative_tables(model)):
         torch.testing.assert_close(a["values"], b["values"])
 
 
@@ -410,11 +412,11 @@ def test_compare_marks_the_training_length_on_every_panel_with_positions_or_dist
     distances carry no mark."""
     _, paths = checkpoints
     families = ["sinusoidal", "relative", "t5", "rope"]
-    models = [pp.load_model(str(paths[f])) for f in families]
+    models = [pa.load_model(str(paths[f])) for f in families]
     figures = []
-    monkeypatch.setattr(pp, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
+    monkeypatch.setattr(pf, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
     with torch.no_grad():
-        pp.compare_figure(models, families, N, (12, 14), str(tmp_path))
+        pf.compare_figure(models, families, N, (12, 14), str(tmp_path))
     fig, = figures
     columns = sorted((ax for ax in fig.axes if ax.get_title()), key=lambda ax: ax.get_position().x0)
 
@@ -437,11 +439,11 @@ def test_kerple_and_fire_curves_are_their_equations_at_the_named_query(checkpoin
     names (its bias is not a function of j − i alone)."""
     models, paths = checkpoints
     for family in ("kerple", "fire"):
-        model = pp.load_model(str(paths[family]))
-        entries = pp.attention_schemes(model)
+        model = pa.load_model(str(paths[family]))
+        entries = pa.attention_schemes(model)
         assert [(e["part"], e["kind"]) for e in entries] == [("encoder", family), ("decoder", family)]
         for entry in entries:
-            x, values = pp.score_bias_by_distance(entry, N)
+            x, values = pa.score_bias_by_distance(entry, N)
             m = getattr(models[family], entry["part"]).position_scheme
             i = N - 1
             for d in (-(N - 1), -7, -1, 0, 3, N - 1):
@@ -460,7 +462,50 @@ def test_kerple_and_fire_curves_are_their_equations_at_the_named_query(checkpoin
                 got = values[:, x.index(d)].tolist()
                 assert got == pytest.approx(want, rel=1e-5, abs=1e-6), (family, entry["part"], d)
     figures = []
-    monkeypatch.setattr(pp, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
+    monkeypatch.setattr(pf, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
     with torch.no_grad():
-        pp.figures(pp.load_model(str(paths["fire"])), "fire.seed1", N, None, str(tmp_path))
+        pf.figures(pa.load_model(str(paths["fire"])), "fire.seed1", N, None, str(tmp_path))
     assert figures[0]._suptitle.get_text().endswith(f"query i = {N - 1}")
+
+
+class _ThrowawayBias(PositionScheme):
+    """A score bias no figure code knows of: −w_h·(j − i)² (one weight per head)."""
+    title, equation = "Throwaway (Nobody et al.)", "−w_h·(j − i)²"
+
+    def __init__(self, heads):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.arange(1.0, heads + 1))
+
+    def score_bias(self, q_pos, k_pos, dtype=torch.float32):
+        distance = (k_pos[None, :] - q_pos[:, None]).to(dtype)
+        return -self.weight.to(dtype)[:, None, None] * distance.pow(2)
+
+
+def test_a_score_bias_row_added_to_the_table_is_plotted_with_its_title(checkpoints, tmp_path, monkeypatch):
+    """A row of kind ``score bias`` added to the table (here for this test alone) is extracted through its own
+    ``score_bias``, drawn and titled with its class's ``title`` and ``equation``, with no edit of the tool."""
+    from fairseq_plugins import schemes
+
+    monkeypatch.setitem(schemes.SCHEMES, "throwaway", schemes.Scheme(
+        "throwaway", "throwaway", "score bias", "Nobody et al. (a test's row)", schemes.POSITION_TRANSFORMER,
+        "throwaway_transformer", cls=_ThrowawayBias))
+    models, _ = checkpoints
+    model, _ = make("alibi")
+    heads = model.encoder.layers[0].self_attn.num_heads
+    for part in (model.encoder, model.decoder):
+        part.position_scheme = _ThrowawayBias(heads)
+    entries = pa.attention_schemes(model)
+    assert [(e["part"], e["kind"]) for e in entries] == [("encoder", "throwaway"), ("decoder", "throwaway")]
+    assert pa.scheme(model) == "throwaway"
+    x, values = pa.score_bias_by_distance(entries[0], N)
+    assert values[1, x.index(-3)].item() == -2 * 9.0 and values[0, x.index(N - 1)].item() == -((N - 1) ** 2)
+    figures = []
+    monkeypatch.setattr(pf, "save_figure", lambda fig, path, dpi=100: figures.append(fig) or path)
+    model.checkpoint_updates = 0
+    with torch.no_grad():
+        paths = pf.figures(model, "throwaway.seed1", N, None, str(tmp_path))
+        paths += pf.compare_figure([model, models["alibi"]], ["throwaway.seed1", "alibi"], N, None, str(tmp_path))
+    assert [p.rsplit("/", 1)[-1] for p in paths] == ["throwaway.seed1_throwaway.png", "compare.png"]
+    assert figures[0]._suptitle.get_text() == "throwaway.seed1 (untrained): Throwaway (Nobody et al.), −w_h·(j − i)²"
+    top = [ax.get_title() for ax in figures[1].axes if ax.get_title().startswith("throwaway.seed1")]
+    assert top and "(throwaway)" in top[0] and "−w_h·(j − i)²" in top[0], top

@@ -8,6 +8,8 @@ scripts/setup_env.sh puts scripts/ on the venv's path for tests and other import
     tooling.bench_report  the benchmark's markdown
     tooling.cells    the WMT14 cells: experiment names <-> configs/wmt14.yaml's pair, size, scheme (scripts/hydra_config.py)
     tooling.invariance  a sentence alone vs in a left-padded batch, any scheme, any device (tests, gpu_check.py)
+    tooling.position_arrays  a checkpoint loaded without its data; what its position schemes learned, as tensors
+    tooling.position_figures  the figures of those tensors (scripts/plot_positions.py)
     tooling.supervise  a command in a process group of its own, output pumped, killed with all it started at a cap
     tooling.gpu_common  the GPU check's sections, caps and bounds, and its small helpers (scripts/gpu_check.py)
     tooling.gpu_graph  the GPU check's section b: FLOATER's CUDA-graph solve against its loop
