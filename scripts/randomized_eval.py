@@ -91,7 +91,7 @@ class Rule:
             rank = (torch.cumsum(real, dim=1) - 1).clamp(min=0)
             chosen = drawn(real.sum(dim=1), input.size(1), emb.max_position, self.generator).gather(1, rank)
             index = torch.where(real, chosen + emb.padding_idx + 1, emb.padding_idx)
-            return emb._table().index_select(0, index.view(-1)).view(*input.shape, -1).detach()
+            return emb.table().index_select(0, index.view(-1)).view(*input.shape, -1).detach()
         return forward
 
 

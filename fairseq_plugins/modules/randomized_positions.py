@@ -72,7 +72,8 @@ class RandomizedPositionalEmbedding(SinusoidalPositionalEmbedding):
         self.source_lengths = None  # (B,): set by the decoder around each of its forwards when reads_source
         self._eval = None  # eval_positions(), built at the first evaluation forward
 
-    def _table(self):
+    def table(self):
+        """The sinusoid table, in the model's float dtype (scripts/randomized_eval.py indexes it too)."""
         self.weights = self.weights.to(self._float_tensor)  # float32 table (float64 for a float64 model)
         return self.weights
 
@@ -98,7 +99,7 @@ class RandomizedPositionalEmbedding(SinusoidalPositionalEmbedding):
                 self._eval = eval_positions(self.max_position, self.num_positions).to(input.device)
             position = self._eval.index_select(0, rank.reshape(-1)).view_as(rank)
         index = torch.where(real, position + self.padding_idx + 1, self.padding_idx)
-        return self._table().index_select(0, index.view(-1)).view(bsz, index.size(1), -1).detach()
+        return self.table().index_select(0, index.view(-1)).view(bsz, index.size(1), -1).detach()
 
     def _ranks(self, input, incremental_state, timestep):
         """(real, rank), (B, T): which tokens get a position, and each one's rank among its sequence's real

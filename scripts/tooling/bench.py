@@ -491,7 +491,7 @@ def graphs_emulated():
     tests/helpers/cuda_graph_emulation.py), so that FLOATER's graph path runs on CPU."""
     from fairseq_plugins.modules.floater import rk4
 
-    return rk4._capturable.__module__ != rk4.__name__
+    return rk4.capturable.__module__ != rk4.__name__
 
 
 def memory_phase(p):

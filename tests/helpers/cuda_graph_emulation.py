@@ -275,7 +275,7 @@ def emulated_cuda_graphs(monkeypatch=None):
         monkeypatch.setattr(torch.cuda.graph, "default_capture_stream", None)  # else a stand-in outlives us
         from fairseq_plugins.modules.floater import rk4 as floater_rk4
 
-        monkeypatch.setattr(floater_rk4, "_capturable", _capturable)
+        monkeypatch.setattr(floater_rk4, "capturable", _capturable)
         _reset_floater_graph_caches(floater_rk4, monkeypatch.setattr)
         _reset_captures()
         yield

@@ -1,71 +1,30 @@
 """FLOATER's model: the dynamics h, the solver settings, and torchdiffeq's solve of h (the reference).
 
-Liu, Yu, Dhillon, Hsieh, "Learning to Encode Position for Transformer with Continuous Dynamical Model",
-ICML 2020 (arXiv 2003.09229). The flows and their caches are in ``flows.py``, the default solve (RK4 in
-latent coordinates, hand-written backward) in ``rk4.py``, the position-biased projections in
-``attention.py``; the scheme of ``position_transformer`` in ``scheme.py``.
+Liu, Yu, Dhillon, Hsieh, ICML 2020 (arXiv 2003.09229). The flows and their caches are in ``flows.py``, the default
+solve (RK4 in latent coordinates, hand-written backward) in ``rk4.py``, the position-biased projections in
+``attention.py``; the scheme of ``position_transformer`` in ``scheme.py``. Why it is built so (the
+re-parameterisation, the initialisation, the settings' default, why every solve runs in float32):
+docs/floater_solver.md. The equations (paper eq. 8 and 12; position i ↦ t_i = i·Δ)::
 
-The model
----------
-Position is a continuous trajectory ``p(t)`` driven by a learned vector field ``h`` (paper eq. 8)::
+    p(t) = p(s) + ∫_s^t h(τ, p(τ); θ) dτ
+    h(τ, p; θ) = W2 [ relu(W1 [p; τ] + c1) ; τ ] + c2 = W2 u + w2 τ + c2,     u = relu(W1 p + w1 τ + c1)
+    b_q^(n)(t) = b_q^(n)(0) + ∫_0^t h(τ, b_q^(n)(τ); θ) dτ,      q_i^(n) = W_q^(n) x_i + b_q^(n)(t_i)
 
-    p(t) = p(s) + ∫_s^t h(τ, p(τ); θ) dτ,        position i  ↦  t_i = i·Δ
-
-``FloaterDynamics`` is ``h``: a 2-layer MLP with the scalar time appended to each layer's input::
-
-    h(τ, p; θ) = W2 [ relu(W1 [p; τ] + c1) ; τ ] + c2,     W1: (d+1 → hidden), W2: (hidden+1 → d)
-
-so one flow has (d+1)·hidden + hidden + (hidden+1)·d + d parameters: 526,336 for d = hidden = 512, the
-paper's "526.3K" (Table 6). Written with the time columns apart (w1, w2: the weights of τ)::
-
-    h(τ, p) = W2 u + w2 τ + c2,     u = relu(W1 p + w1 τ + c1)
-
-Re-parameterisation (paper eq. 12). Adding a position vector p_i^(n) to the input of block n and
-projecting gives ``q_i = W_q(x_i + p_i + b_q) = q̃_i + b_{q,i}``: the position signal is a
-*per-position bias* of the projection, and FLOATER lets the dynamics act on that bias directly::
-
-    b_q^(n)(t) = b_q^(n)(0) + ∫_0^t h(τ, b_q^(n)(τ); θ) dτ,    q_i^(n) = W_q^(n) x_i + b_q^(n)(t_i)
-
-(likewise k and v). θ is shared by every block; each block n keeps its own initial values b^(n)(0),
-which are simply the projections' ordinary bias parameters. The sinusoidal input encoding stays, so with
-h ≡ 0 every b^(n)(t) ≡ b^(n)(0) and the model *is* the sinusoidal Transformer: a trained Transformer is an
-exact starting point (``scripts/transformer_to_floater.py``).
-
-Initialisation: W1 is Xavier-normal with c1 = 0 (as in the authors' code); W2 and c2 start at zero, so
-a new flow has h ≡ 0 and a new model starts as the sinusoidal Transformer it can also be converted from.
-(The authors' code also draws W2 Xavier-normal, ``--floater-flow-init xavier``; at d = 512 the biases then grow
-about 60-fold by position 50 and 2000-fold by position 100 at Δ = 0.1, roughly like e^{0.75·t}; their Δ = 0.01
-puts position 255 at t = 2.55.) With W2 = 0, W2 gets gradient from the first solve with gradient on, W1 from
-the second.
-
-Solver settings
----------------
-``FloaterSettings`` is their one owner and holds their one default: Δ = 0.1 (the paper, Appendix B; the
-authors' code used 0.01), torchdiffeq's ``rk4`` with ``STEPS_PER_DT`` = 5 equal steps per Δ (the paper's
-RK4 at Δ/5) on a grid that contains every t_i exactly, rtol/atol for adaptive solvers, the adjoint, and
-``update_every`` (the paper's §4.4 cost trick, see ``flows.py``) and ``cache_whole_bias`` (what its cached
-updates reuse: Δb alone, or b(0) + Δb as the authors' code). It is validated when it is built, and
-every path builds one: the command line and Hydra configs (``FloaterSettings.from_args`` in the model's
-``build_model``), ``scripts/transformer_to_floater.py`` (the same), tests (directly).
-
-Precision
----------
-Every solve runs in float32 (float64 for a float64 model) whatever the model's dtype or autocast state:
-θ and b(0) are cast to float32 differentiably (``_CastDynamics``; their gradients come back in their own
-dtype), the state, the products, the time grid and the saved stage values are float32, and autocast is off
-inside the solve and its backward, on every solver path (latent rk4, other fixed-grid, adaptive, adjoint);
-Δb is cast to each projection's dtype where it is added. Solved in half precision, Δb was off by 0.1–0.8%
-(fp16) and 1–20% (bf16), θ's gradient by 1–4% (fp16) and 19–55% (bf16), and an fp16 backward overflowed.
-The cost for a half-precision model: one cast of θ and b(0) per solve, a tape twice the half-precision
-size, and float32 instead of half-precision products in the solve.
+θ is shared by the blocks a flow drives; b^(n)(0) are the projections' ordinary biases, so h ≡ 0 is the
+sinusoidal Transformer (a new flow: W2 = c2 = 0).
 
 Mapping to code
 ---------------
-- ``FloaterDynamics.forward(t, y)``       h(τ, p; θ), torchdiffeq style.
+- ``FloaterDynamics.forward(t, y)``       h(τ, p; θ), torchdiffeq style: W1 [p; τ] + c1 = ``fc1``
+  (d+1 → hidden), W2 [u; τ] + c2 = ``fc2`` (hidden+1 → d); w1, w2 are their last columns.
 - ``FloaterSettings``                     the solver settings (the flags ``--floater-dt/-method/-rtol/-atol/
   -adjoint/-update-every/-cache-whole-bias/-cuda-graph``), validated once.
 - ``solve_on_grid``                       one dynamics' y(t_i) on the grid, one torchdiffeq call: the reference
   the tests compare the default solve with, and the solve of adaptive methods.
+- ``solve_stacked``                       F flows' h on their stacked state (F, K, d), one torchdiffeq call:
+  the other fixed-grid solvers and the adjoint.
+- ``solve_dtype``, ``in_dtype``           every solve in float32 (float64 for a float64 model): θ cast to it
+  differentiably.
 """
 
 import dataclasses
@@ -98,8 +57,8 @@ def _number(value) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class FloaterSettings:
-    """The solver settings of a model's flows; the one place that defaults and checks them (see the module
-    docstring). Each field is the flag ``--floater-<field>``."""
+    """The solver settings of a model's flows; the one place that defaults and checks them
+    (docs/floater_solver.md, "Solver settings"). Each field is the flag ``--floater-<field>``."""
 
     dt: float = 0.1  # grid spacing Δ: position i is time t_i = i·Δ
     method: str = "rk4"  # torchdiffeq solver; fixed-grid ones take STEPS_PER_DT steps per Δ
@@ -181,7 +140,7 @@ class FloaterDynamics(nn.Module):
             nn.init.xavier_normal_(self.fc2.weight)
             nn.init.zeros_(self.fc2.bias)
         else:
-            self.zero_output_()  # h ≡ 0 at initialisation: see "Initialisation" in the module docstring
+            self.zero_output_()  # h ≡ 0 at initialisation: docs/floater_solver.md, "Initialisation"
 
     def forward(self, t: Tensor, p: Tensor) -> Tensor:
         tau = t.to(p).expand(*p.shape[:-1], 1)  # the time, appended to each layer's input
@@ -252,6 +211,22 @@ class _StackedDynamics(nn.Module):
         return tuple(p for h in self.flows for p in _theta(h))
 
 
+def solve_stacked(dynamics: Sequence[nn.Module], y0: Tensor, num_points: int, settings: FloaterSettings,
+                  first_index: int = 0) -> Tensor:
+    """y(t_i) of F flows at once on their stacked state y0 (F, K, d), i = first_index .. first_index + num_points
+    − 1: h itself integrated by torchdiffeq (a fixed-grid solver, or the adjoint), one call; (num_points, F, K, d).
+    The dynamics are used as given (``in_dtype`` casts them to the solve's dtype)."""
+    t = _grid_times(num_points, settings.dt, first_index, y0.device)
+    stacked = _StackedDynamics(dynamics)
+    kwargs = dict(rtol=settings.rtol, atol=settings.atol, method=settings.method,
+                  options=_solver_options(settings.method))
+    from torchdiffeq import odeint, odeint_adjoint  # here, not at import: see SOLVER_NAMES
+
+    if settings.adjoint and torch.is_grad_enabled():
+        return odeint_adjoint(stacked, y0, t, adjoint_params=stacked.theta(), **kwargs)
+    return odeint(stacked, y0, t, **kwargs)
+
+
 def solve_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of every solve: float64 for a float64 model, float32 for any other (half, bfloat16, float32)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -270,7 +245,8 @@ class _CastDynamics(nn.Module):
         return torch.func.functional_call(self.original[0], self.theta, (t, p))
 
 
-def _in_dtype(dynamics: nn.Module, dtype: torch.dtype) -> nn.Module:
+def in_dtype(dynamics: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """h with θ in `dtype`: the dynamics themselves when already so, else cast differentiably (``_CastDynamics``)."""
     if all(p.dtype == dtype for p in dynamics.parameters()):
         return dynamics
     return _CastDynamics(dynamics, dtype)

@@ -1,83 +1,25 @@
 """FLOATER's flows: one solve for all of a model's flows per forward, and its caches.
 
 The flows, their solve and caches; what a stack's projections add is bound in ``scheme.py``, and the package
-docstring (``__init__.py``) says which file holds the rest.
-
-The solve
----------
-A model has three flows, each with its own θ (the paper: one for the encoder, one for the decoder's
-self-attention q/k/v and cross-attention q, one for the cross-attention k/v). A flow's state stacks the k
-initial values it drives, y(0) = [b_1(0); ...; b_k(0)] of shape (k, d): one solve over the grid returns every
-block's bias at every position, shared by the batch, the blocks and the sentences.
-
-- Grid: t_i = i·Δ for i = 0..P−1, P = the longest sequence of the forward (source or target). Fixed-grid
-  solvers take 5 equal steps per Δ (the paper's RK4 at Δ/5) on a grid that contains every t_i exactly, so no
-  output is interpolated; adaptive solvers use rtol/atol and interpolate at the t_i.
-- All flows in one solver call (``solve_flows``): the flows' states are padded with zero rows to the largest
-  k and stacked, (F, K, ·), and each evaluation applies flow f's θ to slice f with batched matrix products.
-  One forward thus takes 5·(P−1) sequential solver steps, not three times that; padded rows are dropped from
-  the result (and get no gradient).
-- Default, ``rk4`` without ``--floater-adjoint``: latent coordinates, ``rk4.py``.
-- The other fixed-grid solvers, and ``--floater-adjoint`` (torchdiffeq's ``odeint_adjoint``), integrate h
-  itself on the stacked state, with autograd through the solver (or the adjoint solve). Adaptive solvers
-  (dopri5, ...) solve each flow on its own, one call per flow: their step sizes, and the gradient through
-  the step-size control, depend on the state they control.
-- Every solve runs in float32 for half-precision models (``dynamics.py``, "Precision").
+docstring (``__init__.py``) says which file holds the rest. A model has three flows, each with its own θ
+(encoder; decoder self-attention q/k/v and cross-attention q; cross-attention k/v). A flow's state stacks the k
+initial values it drives, y(0) = [b_1(0); ...; b_k(0)] (k, d): one solve over the grid t_i = i·Δ, i = 0..P−1
+(P: the forward's longest sequence) gives every block's bias at every position, Δb(t_i) = y(t_i) − y(0), shared
+by the batch, the blocks and the sentences. How the solve runs, what is cached, when it is solved again, and how
+the authors' code differs: docs/floater_solver.md ("The flows").
 
 Mapping to code
 ---------------
-- ``solve_flows``                         several flows' y(t_i) in one solver call (what the model uses).
+- ``solve_flows``                         several flows' y(t_i) in one solver call (what the model uses): their
+  states padded with zero rows to the largest k and stacked (F, K, d); ``rk4`` without ``--floater-adjoint`` in
+  latent coordinates (``rk4.solve_latent``), the other fixed-grid solvers and the adjoint on h itself
+  (``dynamics.solve_stacked``), adaptive solvers one call per flow (``dynamics.solve_on_grid``).
+- ``solve_checked``                       ``solve_flows``, counted; failures raise ``FloaterSolverError``.
 - ``FloaterFlow``                         one θ with the solver settings and the update counter; calling it
   solves that flow alone (no cache). It returns Δb(t_i) = b(t_i) − b(0), shape (P, k, d).
 - ``FloaterPositions``                    a model's flows with the projections each drives: one solve for
-  all of them per forward, and their cache.
-
-Cost and caching (paper §4.4 says one solve costs about 100 forward+backward passes of h)
-------------------------------------------------------------------------------------------
-- Training: ``FloaterPositions.forward_pass`` brackets one model forward; its first request solves every
-  flow (for the longest sequence of the batch) and the other requests of that forward reuse the result:
-  one solver call per forward whatever the number of flows.
-- Training, ``update_every = 1``: that solve has gradient every forward: the exact gradient.
-- Training, ``update_every = N > 1`` (the paper's cost trick): the flows re-solve with gradient on updates
-  whose counter is a multiple of N (and on the first forward of a model without a training cache); on the
-  other updates they reuse cached Δb(t_i) detached from the graph, with no solver work (unless a batch is
-  longer than the cache), so the bias is ``b(0) + sg[Δb(t_i)]``: b(0) and everything else still get their
-  exact gradient through the first term, θ gets none: it is taken out of autograd for that forward
-  (``requires_grad`` off until the next re-solve or ``train()``/``eval()`` call), so its ``.grad`` stays
-  unset and DDP does not fill in zeros that Adam's momentum would act on (pytorch_ddp needs
-  --find-unused-parameters); θ's parameters carry ``may_skip_update = True`` for optimizers with flat
-  buffers (see ``FloaterFlow.pause_theta``). The cache is a function of the training state only: each flow
-  keeps b(0) and a frozen copy of θ as of the re-solve, and the cached Δb is solved from those without
-  gradient (right after the re-solve, for 16 positions, then doubled by integrating from the last row as
-  longer batches need it), so its values do not depend on the lengths of the batches a process saw;
-  evaluation never replaces it. b(0) and θ of the re-solve are saved in the flow's state dict
-  (``_extra_state``, one tensor; checkpoints without it load and re-solve), so a resumed run rebuilds exactly
-  the biases the interrupted one was reusing. The update counter is each flow's ``num_updates`` buffer, fed by
-  fairseq's ``set_num_updates`` (the index of the update about to run) and saved in checkpoints, so the
-  schedule survives a resume too.
-- ``cache_whole_bias`` (``--floater-cache-whole-bias``, the authors' code): the cached updates reuse the whole
-  bias of the re-solve, ``sg[b(0)_r + Δb_r(t_i)]``, so b(0) too takes no part in them (paused with θ, and
-  ``may_skip_update``): θ and b(0) learn at the re-solves only. The projection still adds today's b(0),
-  which the binding offsets: Δb' = sg[b(0)_r − b(0) + Δb_r], equal to the re-solve's bias up to one rounding.
-- Eval and inference: a separate cache. Δb is solved once per parameter version (without gradient: eval
-  mode never back-propagates into θ) and reused; incremental decoding then costs no ODE work at all, and each
-  decoding step adds one bias per projection, b(0) + Δb(t), to an ordinary linear map (the decoder keeps the
-  table b(0) + Δb(t_i) in fairseq's incremental state: one cache lookup per generation, not per step). The
-  cache key holds the parameters' ``data_ptr`` and ``_version`` counters, the update counter and a counter
-  bumped by mode changes (``train()`` after ``eval()`` and back: fairseq's validation calls ``eval()`` per
-  batch, one solve serves them all); ``load_state_dict`` drops it. (fairseq's Adam updates weights through
-  ``p.data``, which does not bump ``_version``: the trainer's ``set_num_updates`` and the switch back to
-  ``eval()`` cover that. After editing weights by hand through ``.data`` call ``invalidate_cache()`` on a
-  flow: it drops both caches.)
-- Any length: a sequence longer than the cache extends it (all flows, one solver call) by integrating from
-  the last cached grid point. For fixed-grid solvers the steps are the same as one solve from 0, so the
-  values are the same (up to float rounding); adaptive solvers restart their step-size control at the old
-  end point, so the extension differs from a single solve by up to the solver tolerance.
-- A non-finite solution raises ``FloaterSolverError`` naming the solver settings.
-
-The authors' code used Δ = 0.01 (the paper, Appendix B, states Δ = 0.1, the default here), fixed-step RK4
-at Δ/5, the adjoint method and a cache of the whole bias refreshed every 400 forwards: the WMT14 schemes
-``floater_*_authors`` train that way as far as this code can (docs/wmt14.md lists what still differs).
+  all of them per forward (``forward_pass``), the training cache (b(0) + sg[Δb(t_i)] between the re-solves of
+  ``update_every``) and the evaluation cache (once per parameter version; ``cache_size`` positions).
 """
 
 import copy
@@ -93,12 +35,10 @@ from .dynamics import (
     FloaterDynamics,
     FloaterSettings,
     FloaterSolverError,
-    _grid_times,
-    _in_dtype,
-    _solver_options,
-    _StackedDynamics,
+    in_dtype,
     solve_dtype,
     solve_on_grid,
+    solve_stacked,
 )
 from .rk4 import solve_latent
 
@@ -113,7 +53,7 @@ def solve_flows(
 
     ``initial[f]`` (k_f, d) is flow f's state at t_first_index; returns one (num_points, k_f, d) per flow, in
     the solve's dtype (``solve_dtype``). The flows must share their solver settings; ``dynamics`` replaces
-    their θ (a cached copy). See "The solve" in the module docstring (adaptive solvers: one call per flow).
+    their θ (a cached copy). See docs/floater_solver.md, "The solve" (adaptive solvers: one call per flow).
     """
     lead = flows[0]
     dynamics = list(dynamics) if dynamics is not None else [flow.dynamics for flow in flows]
@@ -128,7 +68,7 @@ def solve_flows(
 def _solve_flows(lead, dynamics, initial, num_points, first_index, dtype):
     settings = lead.settings
     if not settings.fixed_grid:
-        return [solve_on_grid(_in_dtype(h, dtype), y0, num_points, settings, first_index)
+        return [solve_on_grid(in_dtype(h, dtype), y0, num_points, settings, first_index)
                 for h, y0 in zip(dynamics, initial)]
     rows = [y.size(0) for y in initial]
     K = max(rows)
@@ -136,16 +76,7 @@ def _solve_flows(lead, dynamics, initial, num_points, first_index, dtype):
     if lead.latent:
         y = solve_latent(dynamics, y0, settings.dt, first_index, num_points, dtype, settings.cuda_graph)
     else:
-        t = _grid_times(num_points, settings.dt, first_index, y0.device)
-        stacked = _StackedDynamics([_in_dtype(h, dtype) for h in dynamics])
-        kwargs = dict(rtol=settings.rtol, atol=settings.atol, method=settings.method,
-                      options=_solver_options(settings.method))
-        from torchdiffeq import odeint, odeint_adjoint  # here, not at import (dynamics.SOLVER_NAMES says why)
-
-        if settings.adjoint and torch.is_grad_enabled():
-            y = odeint_adjoint(stacked, y0, t, adjoint_params=stacked.theta(), **kwargs)
-        else:
-            y = odeint(stacked, y0, t, **kwargs)
+        y = solve_stacked([in_dtype(h, dtype) for h in dynamics], y0, num_points, settings, first_index)
     return [y[:, f, :k] for f, k in enumerate(rows)]
 
 
@@ -446,7 +377,7 @@ class FloaterPositions:
                 or cache.key != key):
             with torch.no_grad():
                 b0 = self.initial_values()
-                ys = solve_checked(self.flows, b0, _cache_size(num_positions))
+                ys = solve_checked(self.flows, b0, cache_size(num_positions))
             cache = self._eval_cache = _EvalCache(key, self._epochs(), self._layout(), b0,
                                                   [y - b.to(y.dtype) for y, b in zip(ys, b0)])
         delta = self._extended(cache.y0, cache.delta, num_positions)
@@ -461,7 +392,7 @@ class FloaterPositions:
         have = delta[0].size(0)
         if have >= num_positions:
             return delta
-        want = _cache_size(max(num_positions, 2 * have))
+        want = cache_size(max(num_positions, 2 * have))
         last = [b.to(d.dtype) + d[-1] for b, d in zip(y0, delta)]  # b(t_{have−1}), in the solve's dtype
         more = solve_checked(self.flows, last, want - have + 1, first_index=have - 1, dynamics=dynamics)
         return [torch.cat([d, m[1:] - b.to(m.dtype)]) for d, m, b in zip(delta, more, y0)]
@@ -486,7 +417,7 @@ class FloaterPositions:
         return tuple(key)
 
 
-def _cache_size(n: int) -> int:
+def cache_size(n: int) -> int:
     """The next power of two ≥ n (at least MIN_CACHE): decoding a long output extends the cache log(n) times."""
     return max(MIN_CACHE, 1 << (n - 1).bit_length())
 

@@ -1,8 +1,6 @@
 """FLOATER's default solve: torchdiffeq's rk4 steps at Δ/5 on all flows at once, in latent coordinates, with
 the exact derivative of those steps written out; on CUDA optionally replayed from captured CUDA graphs.
 
-The equations
--------------
 With z = W1 p (hidden-sized) the dynamics h of ``dynamics.py`` become::
 
     u = relu(z + w1 τ + c1),   dz/dτ = W1 h = (W1 W2) u + (W1 w2) τ + W1 c2,
@@ -15,38 +13,16 @@ this file computes, step δ = Δ/5 (k_j = f(τ_j, ·), τ_j = t, t + δ/3, t + 2
     k1 = f(z),  k2 = f(z + δ k1/3),  k3 = f(z + δ(k2 − k1/3)),  k4 = f(z + δ(k1 − k2 + k3)),
     z' = z + δ (k1 + 3 k2 + 3 k3 + k4)/8,        f(τ, z) = u(τ, z) M + e(τ),  M = (W1 W2)ᵀ, e(τ) = W1(w2 τ + c2)
 
-Runge-Kutta methods commute with linear maps and integrate the linear-in-τ part exactly, so this *is* RK4
-applied to p, step for step, in exact arithmetic; in floating point the two differ by rounding (about 1e-6
-relative in float32; the tests compare both with torchdiffeq's own solve of h).
+This is RK4 applied to p, step for step, in exact arithmetic; why, how the loop avoids host synchronisation,
+and what the backward sweep holds: docs/floater_solver.md ("The default solve").
 
-How it runs
------------
-- The grid, every step size δ and every stage time τ are known on the host before the solve starts
-  (``rk4_plan``: Python floats, computed exactly as torchdiffeq computes them), so the loop has no host
-  synchronisation and no 0-dim tensor arithmetic: step sizes enter the products as scalars (alpha/beta).
-- The time terms are tabulated once per solve: stage j's input is z + c(τ_j) + δ Σ_l a_jl e(τ_l) + δ (Σ_l a_jl
-  u_l) M, and z itself is carried as w = z − Σ_{earlier steps} δ Σ_j b_j e(τ_j), so that a step is: one add
-  (w plus its four stage offsets), per stage one product into the saved stage buffer and an in-place relu,
-  and two one-row combinations of stage values; 12 operators per step. All flows go through each product
-  at once (``baddbmm`` over the flows); the padding rows of the flows with fewer rows are integrated as
-  well (zero rows are as cheap as any in a batched product and cost no extra operator; rows never mix, so
-  they give no gradient to anything).
-- The backward pass is the exact derivative of those RK4 steps, the gradient autograd would take through
-  the solver (direct backprop, not the continuous adjoint), written out in ``_LatentRK4.backward``: one
-  reverse sweep over the steps with the stage values saved by the forward (about 15 operators per step).
-  With λ = ∂L/∂z' and the adjoint l of the step's q increment::
-
-      ∂k4 = δ/8 λ,                 ∂a_j = relu'(a_j) ⊙ (∂k_j Mᵀ + δ b_j l)     (a_j: stage j's pre-activation)
-      ∂k3 = 3δ/8 λ + δ ∂a4,        ∂k2 = ∂k3 + δ(∂a3 − 2 ∂a4),      ∂k1 = ∂k4 + δ(∂a4 − ∂a3/3 + ∂a2/3),
-      ∂z = λ + Σ_j ∂a_j,           ∂M += Σ_j u_jᵀ ∂k_j,   ∂c(τ_j) = ∂a_j,   ∂e(τ_j) = ∂k_j
-
-  The parameter sums are one product per grid interval (its 20 stages), so the sweep's own buffers hold one
-  interval's stage gradients, not all of them.
-- CUDA with ``--floater-cuda-graph`` (opt-in, ``FloaterSettings.cuda_graph``): a solve with gradient is
-  replayed from CUDA graphs captured once per bucket of lengths (``cuda_graph.py``: its rules for
-  buffers, memory and capture). CPU, solves without gradient, and the default run the loop.
-
-Used for ``rk4`` without ``--floater-adjoint`` when hidden ≤ 2d (``FloaterFlow.latent``).
+Mapping to code
+---------------
+- ``solve_latent``     the solve: W1, W2, c's and w's split from the flows (``_split_weights``), z0, M, e; p from q.
+- ``rk4_plan``         the grid, step sizes δ and stage times τ_j on the host, as torchdiffeq computes them.
+- ``_time_terms``      c(τ_j) + δ Σ_l a_jl e(τ_l) and the earlier steps' e terms, tabulated once per solve.
+- ``_LatentRK4``       the steps above (forward) and their exact derivative (backward; its docstring).
+- ``capturable``       whether a solve is replayed from CUDA graphs (``cuda_graph.py``, ``--floater-cuda-graph``).
 """
 
 import functools
@@ -116,8 +92,8 @@ def rk4_plan(points: int, dt: float, first: int = 0) -> RK4Plan:
 
 
 def _time_terms(plan: RK4Plan, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor) -> Tensor:
-    """(F, S, 4, 1, H): the part of each stage's input that depends on time alone, with w's offset (the
-    module docstring, "How it runs"): c(τ_j) + δ Σ_l a_jl e(τ_l) + Σ_{earlier steps} δ Σ_j b_j e(τ_j)."""
+    """(F, S, 4, 1, H): the part of each stage's input that depends on time alone, with w's offset
+    (docs/floater_solver.md, "How it runs"): c(τ_j) + δ Σ_l a_jl e(τ_l) + Σ_{earlier steps} δ Σ_j b_j e(τ_j)."""
     tab = plan.tables(c1.device, c1.dtype)
     tau = tab["tau"]  # (S, 4)
     flows, hidden = c1.size(0), c1.size(-1)
@@ -131,7 +107,14 @@ def _time_terms(plan: RK4Plan, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor) -
 
 class _LatentRK4(torch.autograd.Function):
     """q(t_i) (F, P, K, hidden) of RK4 (3/8 rule) on the latent system of F stacked flows; backward = the exact
-    derivative of those steps (see the module docstring)."""
+    derivative of those steps, the gradient autograd would take through the solver (direct backprop, not the
+    continuous adjoint): one reverse sweep over the steps with the stage values saved by the forward. With
+    λ = ∂L/∂z' and the adjoint l of the step's q increment::
+
+        ∂k4 = δ/8 λ,             ∂a_j = relu'(a_j) ⊙ (∂k_j Mᵀ + δ b_j l)     (a_j: stage j's pre-activation)
+        ∂k3 = 3δ/8 λ + δ ∂a4,    ∂k2 = ∂k3 + δ(∂a3 − 2 ∂a4),    ∂k1 = ∂k4 + δ(∂a4 − ∂a3/3 + ∂a2/3),
+        ∂z = λ + Σ_j ∂a_j,       ∂M += Σ_j u_jᵀ ∂k_j,   ∂c(τ_j) = ∂a_j,   ∂e(τ_j) = ∂k_j
+    """
 
     @staticmethod
     def forward(ctx, z0: Tensor, Mt: Tensor, c1: Tensor, w1: Tensor, ec: Tensor, et: Tensor, plan: RK4Plan,
@@ -241,7 +224,7 @@ def _split_weights(dynamics: Sequence[FloaterDynamics]):
     return W1, w1, c1, W2, w2, c2
 
 
-def _capturable(y0: Tensor, args: Tuple[Tensor, ...], first_index: int) -> bool:
+def capturable(y0: Tensor, args: Tuple[Tensor, ...], first_index: int) -> bool:
     """A training solve on CUDA: from position 0 (the bucket's extra rows then change nothing), with gradient."""
     return y0.is_cuda and first_index == 0 and torch.is_grad_enabled() and any(a.requires_grad for a in args)
 
@@ -256,7 +239,7 @@ def solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, dt: float, fir
     ec, et = torch.bmm(c2, W1t), torch.bmm(w2, W1t)  # W1 c2, W1 w2 (as rows)
     args = (z0, Mt, c1, w1, ec, et)
     q = None
-    if cuda_graph and _capturable(y0, args, first_index):
+    if cuda_graph and capturable(y0, args, first_index):
         q = floater_cuda_graph.replay(_LatentRK4.apply, rk4_plan(graph_bucket(num_points), dt, first_index), args,
                                       num_points)  # None while another captured solve awaits its backward
     plan = rk4_plan(num_points, dt, first_index)

@@ -51,7 +51,7 @@ from ...flags import Flag, FlagError, boolean, one_of, positive
 from ..position_scheme import PositionScheme
 from .attention import Bindings, biased_projection, position_bindings, rows_from_padding_mask, step_bindings, token_rows
 from .dynamics import DEFAULT_SETTINGS, FLOW_INITS, SOLVER_NAMES, FloaterSettings, FloaterSolverError
-from .flows import FloaterFlow, FloaterPositions, _cache_size, describe_overflow
+from .flows import FloaterFlow, FloaterPositions, cache_size, describe_overflow
 
 _D = DEFAULT_SETTINGS
 LAYERS = ("all", "input")
@@ -242,7 +242,7 @@ class Floater(PositionScheme):
         the cached keys and values of the earlier steps were computed from them too."""
         saved = stack.get_incremental_state(incremental_state, "floater")
         if saved is None or saved["biases"].size(0) < num_positions:
-            rows = _cache_size(num_positions)
+            rows = cache_size(num_positions)
             with self.positions.forward_pass(max(rows, src_len)) as positions:  # one solve, or none
                 delta = positions.biases(self.flow, rows)
                 b0 = torch.stack([proj.bias for proj in self.projections])
