@@ -62,8 +62,8 @@
 # (git archive HEAD | tar -x -C SNAP; CODE_VERSION=<commit> DATA_DIR=... CKPT_ROOT=... OUT_DIR=... absolute), as
 # scripts/study_lane.sh does: MODELS=rope scripts/study_lane.sh epochs20 (or main, tok32_joined).
 #
-# PROBE=0 leaves the probe out (gpu_check.py's dry run of the calibration: its untrained models' outputs run to the
-# length cap, and it reads only each run's BLEU). PROBE_PER_K (20) is the probe's --per-k: probes per k, from that
+# PROBE=0 leaves the probe out (a dry run that reads only each run's BLEU: untrained models' outputs run to the
+# length cap). PROBE_PER_K (20) is the probe's --per-k: probes per k, from that
 # many starting points; the probe table refuses runs probed with different values.
 #
 # Variables: PAIR (en-de), MODELS, SEEDS (1 2 3), EPOCHS (8), WARMUP (500 updates: with 250 the transformer failed
