@@ -7,7 +7,9 @@
 # Run from the repository root (or a snapshot's). Rerunning resumes from SAVE_DIR/checkpoint_last.pt (fairseq's
 # default). Environment, defaults the toy task's: LR (2e-3), WARMUP (300 updates), DROPOUT (0.1), MAX_TOKENS
 # (4096), EPOCHS (12), SEED (1), KEEP_LAST (0: no epoch checkpoints, only checkpoint_best/last.pt; N: keep the
-# last N epoch checkpoints, for averaging), LOG_INTERVAL (100), DEVICE (cpu: --cpu; cuda: fairseq's default device).
+# last N epoch checkpoints, for averaging), LOG_INTERVAL (100), DEVICE (cpu: --cpu; cuda: fairseq's default device),
+# FAIRSEQ_TRAIN (fairseq-train: the command given these arguments; scripts/campaign.py's throughput probe times the
+# same command's updates through its own).
 set -euo pipefail
 if [ $# -lt 3 ]; then
   echo "usage: $0 DATA_BIN SAVE_DIR ARCH [fairseq-train args ...]" >&2; exit 2
@@ -20,7 +22,8 @@ case ${DEVICE:-cpu} in
   *) echo "train_small.sh: DEVICE=$DEVICE: expected cpu or cuda" >&2; exit 2 ;;
 esac
 if [ "${KEEP_LAST:-0}" = 0 ]; then keep=(--no-epoch-checkpoints); else keep=(--keep-last-epochs "$KEEP_LAST"); fi
-exec fairseq-train "$DATA" --user-dir fairseq_plugins --arch "$ARCH" --share-all-embeddings \
+read -ra train <<< "${FAIRSEQ_TRAIN:-fairseq-train}"
+exec "${train[@]}" "$DATA" --user-dir fairseq_plugins --arch "$ARCH" --share-all-embeddings \
   --optimizer adam --adam-betas '(0.9,0.98)' --lr "${LR:-2e-3}" --lr-scheduler inverse_sqrt \
   --warmup-updates "${WARMUP:-300}" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   --dropout "${DROPOUT:-0.1}" --max-tokens "${MAX_TOKENS:-4096}" --max-epoch "${EPOCHS:-12}" --seed "${SEED:-1}" \

@@ -71,7 +71,8 @@
 # VOCAB, MODEL_ARGS (every encoder/decoder dimension), MAX_TOKENS (4096), BEAM (5), LENPEN (1), JOBS, THREADS,
 # DEVICE (cpu, the default; cuda: training and decoding on the GPU, JOBS runs sharing it; not part of the recipe),
 # MAX_TRAIN_LEN, MAX_TRAIN_TOKENS, JOIN_TRAIN, EDGES, ALL_LENGTHS_RUNS, SHAPE_K, TABLES_ONLY, PROBE (1),
-# PROBE_PER_K (20), PROBE_RETRAIN (0), MULTI30K_DIR (../shared/data/multi30k); DATA_DIR, CKPT_ROOT, OUT_DIR (default
+# PROBE_PER_K (20), PROBE_RETRAIN (0), TABULATE (1; 0: no tables, e.g. runs side by side whose tables are made
+# elsewhere), PREPARE_ONLY (1: the data, then exit), MULTI30K_DIR (../shared/data/multi30k); DATA_DIR, CKPT_ROOT, OUT_DIR (default
 # data/multi30k_study_SRCTGT[_lenN|_tokN[_joined]], checkpoints/multi30k_study[_lenN|_tokN[_joined]],
 # results/multi30k_study[/lenN|/tokN[_joined]]). A finished run records the recipe; asking for another recipe is an
 # error.
@@ -116,6 +117,8 @@ export DEVICE  # train_small.sh and generate.sh: --cpu or not
 [[ -z ${TABLES_ONLY:-} || $TABLES_ONLY == 1 ]] || refuse "TABLES_ONLY=$TABLES_ONLY: expected 1 (or unset)"
 [[ -z $JOIN_TRAIN || $JOIN_TRAIN == 1 ]] || refuse "JOIN_TRAIN=$JOIN_TRAIN: expected 1 (or unset)"
 PROBE=${PROBE:-1}
+TABULATE=${TABULATE:-1}
+[[ $TABULATE == 0 || $TABULATE == 1 ]] || refuse "TABULATE=$TABULATE: expected 1 (the tables after each run) or 0 (none)"
 [[ $PROBE == 0 || $PROBE == 1 ]] || refuse "PROBE=$PROBE: expected 1 (the length probe after each run) or 0 (none)"
 PROBE_RETRAIN=${PROBE_RETRAIN:-0}
 [[ $PROBE_RETRAIN == 0 || $PROBE_RETRAIN == 1 ]] ||
@@ -177,6 +180,7 @@ if [ ! -s "$DATA/raw/test.$TGT" ]; then
   done
 fi
 bash scripts/prepare_bitext.sh "$DATA/raw" "$DATA" "$SRC" "$TGT" "$VOCAB"
+[ -z "${PREPARE_ONLY:-}" ] || exit 0  # the data alone (scripts/campaign.py, before its runs start side by side)
 RECIPE="epochs=$EPOCHS warmup=$WARMUP lr=$LR ft_epochs=$FT_EPOCHS ft_warmup=$FT_WARMUP avg=$AVG ft_avg=$FT_AVG \
 vocab=$VOCAB max_tokens=$MAX_TOKENS beam=$BEAM lenpen=$LENPEN max_train_len=${MAX_TRAIN_LEN:-none} \
 ${MAX_TRAIN_TOKENS:+max_train_tokens=$MAX_TRAIN_TOKENS }${JOIN_TRAIN:+join_train=1 }model_args=$MODEL_ARGS"
@@ -212,7 +216,7 @@ while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=$((failed + 1)); done
 
 # --- table (partial while runs are missing), validation curves, BLEU by length
 echo
-tabulate
+[ "$TABULATE" = 0 ] || tabulate
 echo "results: $OUT/"
 (( failed == 0 )) || die "$failed run(s) failed: see the logs above"
 }
@@ -327,7 +331,7 @@ run_one() {
   if [ -n "$probe_only" ]; then
     echo "== $name: done ($result); its length probe now"
     probe "$dir" "$model" "$name" "$OUT/runs/$name.probe.json" || return 1
-    tabulate > /dev/null
+    [ "$TABULATE" = 0 ] || tabulate > /dev/null
     return 0
   fi
   local arch flags epochs=$EPOCHS warmup=$WARMUP lr=$LR avg=$AVG extra=() offset=0 origin= shape_k=
@@ -372,7 +376,7 @@ run_one() {
     python scripts/study.py retrain-note --recorded "$result" --test-json "$dir/test.json" \
       --out "$dir/reprobe.txt" | sed "s/^/== $name: /"
     probe "$dir" "$model" "$name" "$OUT/runs/$name.probe.json" --trained-again "$(cat "$dir/reprobe.txt")" || return 1
-    tabulate > /dev/null
+    [ "$TABULATE" = 0 ] || tabulate > /dev/null
     return 0
   fi
   [ "$PROBE" = 0 ] || probe "$dir" "$model" "$name" "$OUT/runs/$name${again:+.retrained}.probe.json" || return 1
@@ -396,7 +400,7 @@ run_one() {
       --out "$dir/retrain.txt" | sed "s/^/== $name: /"
     return 0
   fi
-  tabulate > /dev/null
+  [ "$TABULATE" = 0 ] || tabulate > /dev/null
 }
 
 main "$@"; exit $?
