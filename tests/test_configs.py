@@ -5,6 +5,7 @@ hyper-parameters and builds the same model as the command line does for its arch
 
 Models are built on torch's meta device (shapes only) over a 1,000-word fake dictionary, so the big ones
 cost nothing."""
+import argparse
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import yaml
 from conftest import BIN, REPO, env, run
 
 import hydra_config
+from fairseq_plugins.schemes import SCHEMES
 from tooling import cells
 
 CELLS = cells.wmt14_cells()
@@ -58,8 +60,14 @@ def value(cfg, key):
     return hydra_config.select(cfg, key)
 
 
-SCHEME_PARAMETERS = {"t5": lambda heads: 32 * heads, "kerple": lambda heads: 2 * heads,  # one stack's, by heads
-                     "fire": lambda heads: (32 + 32) + (32 * heads + heads) + 2}  # the MLP 1-32-heads, c, λ
+def scheme_parameters(scheme, dim, heads):
+    """The parameters a scheme adds to a Transformer: its module in each stack's self-attention, as its class
+    builds it with its flags' defaults (T5: one table of 32 buckets × heads; KERPLE: (r1, r2) per head; FIRE: its
+    MLP 1-32-heads, c, λ; most: none)."""
+    cls, args = SCHEMES[scheme].cls, argparse.Namespace()
+    cls.defaults(args)
+    modules = [cls.build(args, heads, dim // heads, causal) for causal in (False, True)]
+    return sum(p.numel() for m in modules if m is not None for p in m.parameters())
 
 
 def test_cells_cover_the_tables():
@@ -85,8 +93,10 @@ def flatten(section, prefix=""):
     return out
 
 
-# schemes added after the flat layout: no flat file to compare with, their cells are the transformer's recipe
-LATER_SCHEMES = ("cape", "randomized", "alibi_sync")
+# the table's schemes added after the flat layout (a configs/scheme/<name>.yaml, no flat file to compare with):
+# their cells are the transformer's recipe
+LATER_SCHEMES = tuple(n for n in SCHEMES
+                      if f"wmt14_en_de_base_{n}" in CELLS and f"wmt14_en_de_base_{n}" not in FLAT["cells"])
 LATER_CELLS = sorted(f"wmt14_{p}_{s}_{scheme}" for scheme in LATER_SCHEMES for p in ("en_de", "en_fr")
                      for s in ("base", "big"))
 
@@ -131,7 +141,9 @@ def test_a_later_schemes_cell_is_the_transformer_cell_with_its_architecture(name
     transformer = name[: -len(scheme)] + "transformer"
     got, want = (flatten(OmegaConf.to_container(composed(n))) for n in (name, transformer))
     differences = {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
-    assert differences == {"model._name": (f"{scheme}_{want['model._name']}", want["model._name"])}
+    assert differences.pop("model._name") == (f"{scheme}_{want['model._name']}", want["model._name"])
+    own = {f"model.{flag.dest}" for flag in SCHEMES[scheme].cls.flags}  # the scheme's own flags, if it sets any
+    assert set(differences) <= own, differences
 
 
 @pytest.mark.parametrize("name", sorted(FLAT["cells"]))
@@ -295,9 +307,7 @@ def test_model_matches_the_command_line(name, composed, dict_dir):
         big = "big" in arch
         d, heads = (1024, 16) if big else (512, 8)
         textbook = expected_transformer_parameters(d, 4096 if big else 2048, 6, VOCAB)
-        # per stack, two stacks: T5 one table of 32 buckets × heads, KERPLE (r1, r2) per head, FIRE its MLP, c, λ;
-        # the others none
-        assert hydra_count == textbook + 2 * SCHEME_PARAMETERS.get(scheme.group(1), lambda heads: 0)(heads)
+        assert hydra_count == textbook + scheme_parameters(scheme.group(1), d, heads)
 
 
 def test_big_en_fr_dropout(composed, dict_dir):

@@ -2,7 +2,8 @@
 (the decoder's causal form, the encoder's symmetric one, below and beyond the threshold L), its initialisation as
 the paper's code, gradients reaching θ, c and L in a model, and --fire-threshold: used by FIRE, refused on another
 scheme, one line when bad. The attention against a naive float64 attention with this bias, incremental decoding
-and the rest of the model contract: tests/test_position_schemes.py (SCHEME_CASES, ARCHS)."""
+and the rest of the model contract: tests/test_position_schemes.py (ARCHS; the reference: REFERENCES in
+tests/helpers/scheme_references.py)."""
 import pytest
 import torch
 from fairseq import options

@@ -1,7 +1,8 @@
 """KERPLE, log variant (fairseq_plugins/modules/kerple.py): its bias against the paper's equation written loop by
 loop in float64, its initialisation as the authors' code, positivity under training, gradients reaching r1 and r2
 in a model, and flags of other schemes refused. The attention against a naive float64 attention with this bias,
-incremental decoding and the rest of the model contract: tests/test_position_schemes.py (SCHEME_CASES, ARCHS)."""
+incremental decoding and the rest of the model contract: tests/test_position_schemes.py (ARCHS; the reference:
+REFERENCES in tests/helpers/scheme_references.py)."""
 import math
 
 import pytest

@@ -18,6 +18,7 @@ from conftest import REPO, run
 from helpers.study_corpus import MODELS, SEEDS, corpus, first_run, start_from, study  # noqa: F401  (fixtures)
 
 from tooling import bootstrap, study as study_tool
+from fairseq_plugins.schemes import SCHEMES
 from tooling.bleu import tokenized_bleu
 
 
@@ -157,9 +158,8 @@ def test_a_run_another_study_process_holds_is_left_to_it(corpus, tmp_path):
      "MAX_TRAIN_LEN=10 and MAX_TRAIN_TOKENS=12: choose one cap (words or tokens)"),
     ({"SEEDS": "1 x"}, "SEEDS=\"1 x\": expected positive integers, got 'x'"),
     ({"MODELS": "transformer shaw"}, "MODELS=\"transformer shaw\": unknown model 'shaw' (expected one of "
-                                     "transformer learned every_layer shape cape randomized t5 alibi kerple fire rope "
-                                     "nope alibi_sync relative floater "
-                                     "floater_warm transformer_ft floater_authors)"),
+                                     f"{' '.join(s.model for s in SCHEMES.values())} "  # the table's, in its order
+                                     "floater_warm transformer_ft floater_authors)"),  # and the study's own
     ({"MODELS": "floater_warm"}, "MODELS=\"floater_warm\": floater_warm starts from the transformer of the same "
                                  "seed, so MODELS must list transformer"),
     ({"AVG": "3"}, "AVG=3: expected at most EPOCHS=1 checkpoints to average"),

@@ -1,7 +1,9 @@
 """The position schemes of the table (fairseq_plugins/schemes.py), one contract for all:
 
-- each attention scheme (T5 bias, ALiBi, KERPLE, FIRE, RoPE) against a naive reference written from its paper's
-  equation, loop by loop in float64 (outputs and gradients, with padding and the causal mask);
+- each scheme inside self-attention (every row of kind score bias, rotary or projection biases: T5 bias, ALiBi,
+  KERPLE, FIRE, RoPE, FLOATER) against its naive reference (tests/helpers/scheme_references.py: a missing one fails
+  by name) written from its paper's equation, loop by loop in float64 (outputs and gradients, with padding and
+  the causal mask);
 - what each stack adds to its token embeddings, against a naive float64 reference (SHAPE, as its authors' code:
   the sinusoid at position + k, one k in 0..K-1 per sequence in training, K at evaluation, pads untouched; NoPE's
   decoder and the attention schemes: nothing); T5's table starts as T5's own code starts it;
@@ -31,20 +33,16 @@ from torch.utils._pytree import tree_leaves
 
 from conftest import BIN, REPO, run
 from helpers.precision_harness import build_trainer
-from helpers.floater_helpers import randomize_flows
 from helpers.small_task import small_data
 from helpers import tiny_models
-from test_fire import fire_bias_naive, randomised
+from helpers.scheme_references import REFERENCES, SELF_ATTENTION_KINDS, reference, rope_naive, t5_bucket_naive
 from helpers.tiny_models import EOS, PAD, TASK, VOCAB, fixed_batch, one_thread  # noqa: F401  (one_thread: autouse fixture)
 from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
 from fairseq_plugins.modules.cape import CapePositionalEmbedding
-from fairseq_plugins.modules.fire import FIRE
-from fairseq_plugins.modules.floater import Floater
 from fairseq_plugins.flags import FlagError
 from fairseq_plugins.models.position_transformer import PositionTransformerModel, add_position_args
-from fairseq_plugins.modules.kerple import KerpleLog
 from fairseq_plugins.modules.position_scheme import PositionScheme
-from fairseq_plugins.schemes import FAMILY_SCHEMES, KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, \
+from fairseq_plugins.schemes import FAMILY_SCHEMES, KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, Scheme, \
     architectures, by_model
 from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
 from fairseq_plugins.modules.randomized_positions import RandomizedPositionalEmbedding
@@ -54,6 +52,7 @@ from fairseq_plugins.modules.t5_bias import T5Bias, relative_bucket
 
 ARCHS = [SCHEMES[name].arch("tiny") for name in FAMILY_SCHEMES]  # position_transformer's schemes
 TABLE_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix]  # every scheme with architectures
+SELF_ATTENTION_SCHEMES = [n for n, s in SCHEMES.items() if s.kind in SELF_ATTENTION_KINDS]  # each needs a reference
 
 
 def build(arch, **kw):
@@ -65,22 +64,7 @@ def build(arch, **kw):
     return model
 
 
-# -- naive references, from the papers' equations ---------------------------------------------------------------
-
-def t5_bucket_naive(relative, bidirectional, num_buckets=32, max_distance=128):
-    n, bucket = -relative, 0
-    if bidirectional:
-        num_buckets //= 2
-        bucket += num_buckets if n < 0 else 0
-        n = abs(n)
-    else:
-        n = max(n, 0)
-    exact = num_buckets // 2
-    if n < exact:
-        return bucket + n
-    large = exact + int(math.log(n / exact) / math.log(max_distance / exact) * (num_buckets - exact))
-    return bucket + min(large, num_buckets - 1)
-
+# -- naive references, from the papers' equations (each scheme's: tests/helpers/scheme_references.py) -----------
 
 def naive_attention(attn, x, padding, causal, bias_fn=None, rotate_fn=None, delta_fn=None):
     """out_i = Σ_j softmax_j(e_ij) v_j, e_ij = (R_i q_i)·(R_j k_j)/sqrt(d) + bias_h(i, j), loop by loop; with
@@ -116,49 +100,6 @@ def naive_attention(attn, x, padding, causal, bias_fn=None, rotate_fn=None, delt
     return attn.out_proj(out)
 
 
-def rope_naive(vec, m, base=10000.0):
-    d = vec.numel()
-    out = vec.clone()
-    for i in range(d // 2):
-        angle = m * base ** (-2 * i / d)
-        a, b = vec[2 * i], vec[2 * i + 1]
-        out[2 * i] = a * math.cos(angle) - b * math.sin(angle)
-        out[2 * i + 1] = a * math.sin(angle) + b * math.cos(angle)
-    return out
-
-
-def floater_naive(dynamics, b0, num_positions, dt):
-    """b(t_i) = b(0) + ∫_0^{t_i} h(τ, b(τ)) dτ, t_i = i·Δ (FLOATER eq. 8, 12),
-    h(τ, p) = W2 [relu(W1 [p; τ] + c1); τ] + c2, by RK4 at Δ/5 (the paper's solver; torchdiffeq's rk4, which the authors called, is Kutta's 3/8 rule), one row
-    of b0 (k, d) at a time → (num_positions, k, d)."""
-    def h(t, p):
-        tau = torch.tensor([t], dtype=p.dtype)
-        return dynamics.fc2(torch.cat([torch.relu(dynamics.fc1(torch.cat([p, tau]))), tau]))
-
-    rows = []
-    for y in b0:
-        path, step = [y], dt / 5
-        for i in range(1, num_positions):
-            for n in range(5):
-                t = (i - 1) * dt + n * step
-                k1 = h(t, y)
-                k2 = h(t + step / 3, y + step * k1 / 3)
-                k3 = h(t + 2 * step / 3, y + step * (k2 - k1 / 3))
-                k4 = h(t + step, y + step * (k1 - k2 + k3))
-                y = y + step * (k1 + 3 * k2 + 3 * k3 + k4) / 8
-            path.append(y)
-        rows.append(torch.stack(path))
-    return torch.stack(rows, 1)
-
-
-def floater_case(H, d, causal):
-    cfg = argparse.Namespace(floater_layers="all", floater_hidden=None, no_cross_attention=True)
-    Floater.defaults(cfg)
-    scheme = Floater(cfg, H * d, decoder=causal)
-    randomize_flows(scheme)  # a non-trivial h
-    return scheme
-
-
 def test_t5_buckets_are_the_papers():
     for bidirectional in (True, False):
         relative = torch.arange(-300, 301)
@@ -174,24 +115,14 @@ def test_alibi_slopes_are_the_papers():
     assert alibi_slopes(6) == [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]
 
 
-SCHEME_CASES = {
-    "t5": lambda H, d, causal: T5Bias(H, bidirectional=not causal, num_buckets=8, max_distance=6),
-    "alibi": lambda H, d, causal: ALiBi(H),
-    "kerple": lambda H, d, causal: KerpleLog(H),
-    "fire": lambda H, d, causal: randomised(FIRE(H, causal, threshold=3.0)),  # L = 3.9: i on both sides of it
-    "rope": lambda H, d, causal: RoPE(d),
-    "floater": floater_case,
-}
-
-
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("name", list(SCHEME_CASES))
+@pytest.mark.parametrize("name", SELF_ATTENTION_SCHEMES)
 def test_attention_equals_the_papers_equation(name, causal):
+    """Every scheme of the table inside self-attention against its reference (tests/helpers/scheme_references.py)."""
+    ref = reference(name)
     torch.manual_seed(0)
     T, B, C, H = 7, 2, 8, 2
-    scheme = SCHEME_CASES[name](H, C // H, causal).double()
-    if isinstance(scheme, T5Bias):
-        torch.nn.init.normal_(scheme.bias.weight)
+    scheme = ref.build(H, C // H, causal).double()
     attn = PositionalSelfAttention(C, H, scheme).double()
     x = torch.randn(T, B, C, dtype=torch.float64, requires_grad=True)
     padding = torch.zeros(B, T, dtype=torch.bool)
@@ -207,25 +138,7 @@ def test_attention_equals_the_papers_equation(name, causal):
             return attn(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=need_weights)
 
     out, _ = forward(need_weights=False)
-    bias_fn = rotate_fn = delta_fn = None
-    if name == "t5":
-        bias_fn = lambda h, i, j: scheme.bias.weight[t5_bucket_naive(j - i, not causal, 8, 6), h]  # noqa: E731
-    elif name == "alibi":
-        slopes = [2.0 ** (-8 * (h + 1) / H) for h in range(H)]
-        bias_fn = lambda h, i, j: -slopes[h] * abs(i - j)  # noqa: E731
-    elif name == "kerple":  # −r1_h·log(1 + r2_h·|i − j|), r = softplus(ρ)
-        r1, r2 = torch.nn.functional.softplus(scheme.rho1), torch.nn.functional.softplus(scheme.rho2)
-        bias_fn = lambda h, i, j: -r1[h] * torch.log(1 + r2[h] * abs(i - j))  # noqa: E731
-    elif name == "fire":  # f_θ(ψ(i − j) / ψ(max(L, i))) (the encoder: |i − j|, max(L, max(i, j)))
-        bias_fn = lambda h, i, j: fire_bias_naive(scheme, h, i, j)  # noqa: E731
-    elif name == "floater":  # Δb(t_i) at each token's rank among its sentence's real tokens
-        b0 = torch.stack([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-        delta = floater_naive(scheme.flow.dynamics, b0, T, scheme.flow.settings.dt) - b0
-        rank = (~padding).long().cumsum(1) - 1
-        delta_fn = lambda j, b, i: delta[max(int(rank[b, i]), 0), j]  # noqa: E731
-    else:
-        rotate_fn = rope_naive
-    want = naive_attention(attn, x, padding, causal, bias_fn, rotate_fn, delta_fn)
+    want = naive_attention(attn, x, padding, causal, **ref.equation(scheme, attn, causal, T, padding))
     keep = ~padding.t()[:, :, None]  # padded query rows: both give some mixture; only real rows matter
     torch.testing.assert_close(out * keep, want * keep, rtol=1e-10, atol=1e-10)
     params = [x] + list(attn.parameters()) + list(scheme.parameters())
@@ -239,6 +152,17 @@ def test_attention_equals_the_papers_equation(name, causal):
     again, weights = forward(need_weights=True)
     torch.testing.assert_close(again * keep, out * keep, rtol=1e-10, atol=1e-12)
     assert weights.shape == (B, T, T)
+
+
+def test_a_scheme_without_a_reference_fails_by_name(monkeypatch):
+    """A row inside self-attention added to the table with no reference fails naming it and where to add one, not
+    as a mismatch against another scheme's equation."""
+    monkeypatch.setitem(SCHEMES, "throwaway", Scheme("throwaway", "throwaway", "score bias", "a test's row",
+                                                     POSITION_TRANSFORMER, "throwaway_transformer", cls=ALiBi))
+    missing = [n for n, s in SCHEMES.items() if s.kind in SELF_ATTENTION_KINDS and n not in REFERENCES]
+    assert missing == ["throwaway"]
+    with pytest.raises(LookupError, match=r"^no reference for throwaway: add one to tests/helpers/scheme_refer"):
+        reference("throwaway")
 
 
 def test_half_precision_keeps_the_angles_and_slopes_exact():
@@ -830,10 +754,10 @@ def test_a_bad_flag_is_one_line_from_the_command_line(tmp_path):
                            str(REPO / "fairseq_plugins"), "--arch", "nope_transformer_tiny",
                            "--encoder-position-scheme", "nope"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
+    encoder_schemes = ", ".join(n for n, s in SCHEMES.items() if s.selectable and s.encoder)  # the table's
     assert proc.stderr.strip().splitlines() == [
-        "fairseq-train: error: argument --encoder-position-scheme: invalid choice: 'nope' (choose from sinusoidal, "
-        "learned, every_layer, shape, cape, randomized, t5, alibi, kerple, fire, rope, shaw, floater) (an encoder "
-        "without positions is permutation-invariant)"]
+        f"fairseq-train: error: argument --encoder-position-scheme: invalid choice: 'nope' (choose from "
+        f"{encoder_schemes}) (an encoder without positions is permutation-invariant)"]
 
 
 def test_alibi_encoder_cannot_tell_a_source_from_its_mirror_image():
