@@ -506,6 +506,7 @@ def test_a_score_bias_row_added_to_the_table_is_plotted_with_its_title(checkpoin
         paths = pf.figures(model, "throwaway.seed1", N, None, str(tmp_path))
         paths += pf.compare_figure([model, models["alibi"]], ["throwaway.seed1", "alibi"], N, None, str(tmp_path))
     assert [p.rsplit("/", 1)[-1] for p in paths] == ["throwaway.seed1_throwaway.png", "compare.png"]
-    assert figures[0]._suptitle.get_text() == "throwaway.seed1 (untrained): Throwaway (Nobody et al.), −w_h·(j − i)²"
+    title = "throwaway.seed1 (untrained): Throwaway (Nobody et al.), −w_h·(j − i)²"
+    assert figures[0]._suptitle.get_text() == title
     top = [ax.get_title() for ax in figures[1].axes if ax.get_title().startswith("throwaway.seed1")]
     assert top and "(throwaway)" in top[0] and "−w_h·(j − i)²" in top[0], top

@@ -26,7 +26,8 @@ class BadInput(Exception):
 def register_plugins():
     from fairseq import utils
 
-    utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[2] / "fairseq_plugins")))
+    plugins = Path(__file__).resolve().parents[2] / "fairseq_plugins"
+    utils.import_user_module(argparse.Namespace(user_dir=str(plugins)))
 
 class _BareTask:
     """What fairseq's Transformer builders read from a task: the two dictionaries (placeholder words)."""
