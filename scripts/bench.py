@@ -13,7 +13,10 @@ from pathlib import Path
 import torch
 
 from tooling.atomic import write_text
-from tooling.bench import ARCHS, CLOCKS, FLEX_NAMES, SCHEME_NAMES, count_ops, parse_lengths, run
+from tooling.bench import run
+from tooling.bench_models import ARCHS, FLEX_NAMES, SCHEME_NAMES
+from tooling.bench_ops import count_ops
+from tooling.bench_timing import CLOCKS, parse_lengths
 from tooling.bench_report import markdown, ops_markdown
 from tooling.paths import REPO, relativize
 

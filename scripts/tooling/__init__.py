@@ -4,7 +4,10 @@ scripts/setup_env.sh puts scripts/ on the venv's path for tests and other import
     tooling.atomic   write a file under a temporary name beside it, then rename it into place
     tooling.paths    paths in committed results, relative to the repository (scripts/result_paths.py)
     tooling.bleu     the papers' tokenized BLEU (scripts/tokenized_bleu.py)
-    tooling.bench    the benchmark's measurements, phase by phase (scripts/bench.py)
+    tooling.bench    the benchmark's measurements at fixed lengths, phase by phase (scripts/bench.py)
+    tooling.bench_models  the benchmark's models and batches, built through fairseq's APIs
+    tooling.bench_timing  the benchmark's clocks, medians, profiles and record of the machine
+    tooling.bench_ops  scripts/bench.py --count-ops: operators and host syncs of an update
     tooling.bench_report  the benchmark's markdown
     tooling.cells    the WMT14 cells: experiment names <-> configs/wmt14.yaml's pair, size, scheme (scripts/hydra_config.py)
     tooling.invariance  a sentence alone vs in a left-padded batch, any scheme, any device (tests, gpu_check.py)
@@ -15,6 +18,7 @@ scripts/setup_env.sh puts scripts/ on the venv's path for tests and other import
     tooling.gpu_graph  the GPU check's section b: FLOATER's CUDA-graph solve against its loop
     tooling.gpu_sections  the GPU check's sections a, c-f, and each section run in its own process under its cap
     tooling.gpu_report  the GPU check's report (markdown, json) and its verdicts
+    tooling.campaign  the GPU campaign's runs, jobs, concurrency, archives and manifest (scripts/campaign.py)
 
 Command-line entry points stay in scripts/*.py; nothing here runs on import.
 """

@@ -1,4 +1,7 @@
-"""The benchmark's measurements (scripts/bench.py is its command line; tooling.bench_report writes its tables).
+"""The benchmark's measurements at fixed lengths (scripts/bench.py is its command line; tooling.bench_report
+writes its tables). Its parts: tooling.bench_models (models and batches), tooling.bench_timing (clocks, medians,
+profiles, the machine), tooling.bench_ops (--count-ops); the users' regime (--regime: a WMT-like length mix,
+fairseq's Trainer in each precision) is tooling.bench_regime with tooling.length_mix.
 
 Phases of `run`, each on one `Bundle` (task, model, criterion, optimizer, as fairseq-train builds them):
 `memory_phase` (fresh processes), then per length `train_phase` and `decode_phase` on fresh bundles.
@@ -38,174 +41,21 @@ relative model and FLOATER, and of FLOATER's exact solve of its three flows and 
 their CPU time, one thread), at every length; it writes --out-json/--out-md (default results/bench_ops.*).
 """
 
-import contextlib
-import logging
 import multiprocessing
-import os
-import platform
 import shlex
-import statistics
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
-# fairseq 0.12.2's Hydra 1.0-era config calls and its torch.cuda.amp.autocast call warn on every model build/update
-warnings.filterwarnings("ignore", category=UserWarning, message=r"(?s).*(hydra|[Cc]onfig[Ss]tore|version_base|strict flag|package header)")
-warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.cuda\.amp\.autocast")
-logging.getLogger("fairseq.utils").setLevel(logging.WARNING)  # "--user-dir ... has already been imported"
-
-from fairseq_plugins.schemes import MODELS as SCHEME_TABLE  # noqa: E402  (the table of schemes)
-from tooling.paths import REPO  # noqa: E402
-
-PLUGINS = REPO / "fairseq_plugins"
-COMMON_FLAGS = [
-    "--task", "translation", "--share-all-embeddings",
-    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
-    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-]
-PRELOAD = ["fairseq_plugins", "fairseq.options", "fairseq.optim", "fairseq.tasks.translation",
-           "fairseq.sequence_generator", "torch._dynamo"]  # torch.optim imports torch._dynamo on first use
-
-# The compared models, from the table of schemes (fairseq_plugins/schemes.py): (architecture, extra
-# flags) per size. The base relative arch pins Shaw et al.'s FFN of 1024, so every model gets
-# --encoder/decoder-ffn-embed-dim 1024: every model has the same dims and differs only in its position scheme.
-BASE_FFN = ["--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024"]
-ARCHS = {dims: {name: (scheme.arch(dims), list(scheme.flags) + (BASE_FFN if dims == "base" else []))
-                for name, scheme in SCHEME_TABLE.items()}
-         for dims in ("base", "tiny")}
-SCHEME_NAMES = tuple(n for n in SCHEME_TABLE if n not in ("transformer", "relative", "floater"))
-# --attention-backend flex (FlexAttention) of Shaw's attention and the score-bias schemes: <model>_flex
-FLEX_NAMES = tuple(f"{n}_flex" for n, s in SCHEME_TABLE.items() if s.kind in ("relative vectors", "score bias"))
-BASELINE = "transformer"
-GRAPH = "floater_graph"  # the exact FLOATER with --floater-cuda-graph
-
-
-def model_specs(dims, floater_every):
-    """name -> (arch, flags, kind) for every model bench can compare (FLOATER twice: exact and cached)."""
-    archs = ARCHS[dims]
-    return {
-        "transformer": (*archs["transformer"], "transformer"),
-        "relative": (*archs["relative"], "relative"),
-        "floater": (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1"], "floater"),
-        f"floater_every{floater_every}": (
-            archs["floater"][0], archs["floater"][1] + ["--floater-update-every", str(floater_every)], "floater"),
-        GRAPH: (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1", "--floater-cuda-graph"],
-                "floater"),
-        **{name: (*archs[name], name) for name in SCHEME_NAMES},
-        **{name: (archs[name[:-5]][0], archs[name[:-5]][1] + ["--attention-backend", "flex"], name[:-5])
-           for name in FLEX_NAMES},
-    }
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# building models, batches and steps through fairseq's own APIs
-
-
-def synthetic_dictionary(size):
-    from fairseq.data import Dictionary
-
-    d = Dictionary()
-    for i in range(size - len(d)):
-        d.add_symbol(f"w{i}")
-    return d
-
-
-
-@dataclass
-class Bundle:
-    """One model as fairseq-train holds it: task, model, criterion, fairseq's Adam, and the update counter."""
-
-    task: Any
-    model: torch.nn.Module
-    criterion: Any
-    optimizer: Any
-    updates: int = 1
-    kind: Optional[str] = None
-
-    @classmethod
-    def build(cls, arch, flags, dictionary, device, seed, kind=None):
-        """Parse `--arch arch flags` with fairseq's training parser and build as fairseq-train does, seeded."""
-        from fairseq import optim, options
-        from fairseq.tasks.translation import TranslationTask
-
-        argv = ["unused-data-dir", "--user-dir", str(PLUGINS), "--arch", arch, *COMMON_FLAGS, *flags]
-        args = options.parse_args_and_arch(options.get_training_parser(),
-                                           argv + (["--cpu"] if device == "cpu" else []))
-        task = TranslationTask(args, dictionary, dictionary)
-        torch.manual_seed(seed)
-        model = task.build_model(args).to(device)
-        criterion = task.build_criterion(args).to(device)
-        optimizer = optim.build_optimizer(args, [p for p in model.parameters() if p.requires_grad])
-        return cls(task, model, criterion, optimizer, kind=kind)
-
-    def train_update(self, sample):
-        """One training update as fairseq's Trainer does it: zero grads, train_step (forward, criterion,
-        backward), gradients divided by the sample size, gradient norm (no clipping), Adam step, update counter."""
-        self.optimizer.zero_grad()
-        _, sample_size, _ = self.task.train_step(sample, self.model, self.criterion, self.optimizer, self.updates)
-        self.optimizer.multiply_grads(1.0 / (sample_size or 1.0))
-        self.optimizer.clip_grad_norm(0.0)
-        self.optimizer.step()
-        self.updates += 1
-        self.model.set_num_updates(self.updates)
-
-
-def random_batch(dictionary, bsz, length, device, seed):
-    """B sentences of `length` random tokens (last one EOS) on both sides, as fairseq's collater lays them out."""
-    g = torch.Generator().manual_seed(seed)
-    eos = dictionary.eos()
-
-    def sentences():
-        x = torch.randint(dictionary.nspecial, len(dictionary), (bsz, length), generator=g)
-        x[:, -1] = eos
-        return x
-
-    src, tgt = sentences(), sentences()
-    prev = torch.cat([torch.full((bsz, 1), eos), tgt[:, :-1]], dim=1)
-    sample = {
-        "id": torch.arange(bsz), "nsentences": bsz, "ntokens": bsz * length, "target": tgt,
-        "net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), length), "prev_output_tokens": prev},
-    }
-    from fairseq import utils
-
-    return utils.move_to_cuda(sample) if device == "cuda" else sample
-
-
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def num_solves(model):
-    """FLOATER's count of ODE solves so far (its flows' num_solves diagnostics)."""
-    return sum(getattr(m, "num_solves", 0) for m in model.modules())
-
-
-def timed(fn, device):
-    """(wall seconds, process CPU seconds) of fn()."""
-    sync(device)
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    sync(device)
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
-def load_average():
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except OSError:
-        return None
-
-
-def rotated(names, rep):
-    r = rep % len(names)
-    return names[r:] + names[:r]
-
+from tooling.bench_models import (BASELINE, GRAPH, PRELOAD, Bundle, model_specs, random_batch,
+                                  synthetic_dictionary)
+from tooling.bench_timing import (CLOCKS, counting_graphs, load_average, machine, median, num_solves,
+                                  parse_lengths, parse_per_length, profile_call, rotated, source_state, summarise,
+                                  sync, timed)
 
 # ---------------------------------------------------------------------------------------------------------------
 # peak memory: one fresh process per (model, T)
@@ -252,182 +102,6 @@ def measure_memory(jobs, workers):
     ctx.set_forkserver_preload(PRELOAD)
     with ctx.Pool(workers, maxtasksperchild=1) as pool:
         yield from zip(jobs, pool.imap(memory_probe, jobs))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# profiles
-
-
-def profile_call(fn, device, top):
-    """torch.profiler over one call of fn: the top operators by self time, and the self time of fairseq's
-    and FLOATER's labelled ranges (record_function), which is the Python between operators in that range."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as prof:
-        fn()
-        sync(device)
-    events = prof.key_averages()
-    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
-    total = sum(getattr(e, key) for e in events)
-    rows = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
-    out = {"total_self_ms": total / 1e3,
-           "top": [{"op": e.key, "self_ms": getattr(e, key) / 1e3, "calls": e.count,
-                    "share": getattr(e, key) / total if total else 0.0} for e in rows]}
-    out["ranges_self_ms"] = {e.key: e.self_cpu_time_total / 1e3 for e in events
-                             if e.key.startswith("EnsembleModel") or "floater" in e.key.lower()}
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the run
-
-
-CLOCKS = ("wall", "cpu")
-
-
-def median(xs):
-    return statistics.median(xs) if xs else None
-
-
-def summarise(row, key, samples, clock):
-    """row[key_s] = {clock: samples}, row[key_{clock}_median_s] for both clocks, row[key_median_s] = the chosen one."""
-    row[f"{key}_s"] = {c: [t[i] for t in samples] for i, c in enumerate(CLOCKS)}
-    for c in CLOCKS:
-        row[f"{key}_{c}_median_s"] = median(row[f"{key}_s"][c])
-    row[f"{key}_median_s"] = row[f"{key}_{clock}_median_s"]
-
-
-def parse_lengths(text):
-    return [int(x) for x in text.split(",")]
-
-
-def parse_per_length(text, lengths, name):
-    values = [int(x) for x in str(text).split(",")]
-    if len(values) == 1:
-        values = values * len(lengths)
-    if len(values) != len(lengths) or min(values) < 1:
-        raise SystemExit(f"--{name}: one positive integer or one per length ({len(lengths)})")
-    return dict(zip(lengths, values))
-
-
-SYNCING_OPS = frozenset({"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "item"})
-
-
-def op_counter():
-    """A TorchDispatchMode counting non-view aten operators and, by name, those that synchronise with the host."""
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class CountOps(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops, self.syncs = 0, Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops += not func.is_view
-            name = func.overloadpacket.__name__
-            if name in SYNCING_OPS:
-                self.syncs[name] += 1
-            return func(*args, **(kwargs or {}))
-
-    return CountOps()
-
-
-def count_ops(args):
-    """Operators and host syncs of one training update per model and of FLOATER's exact solve (see the docstring)."""
-    from fairseq_plugins.modules.floater import solve_flows
-    from fairseq_plugins.modules.floater.dynamics import STEPS_PER_DT
-
-    device, lengths = args.device, parse_lengths(args.lengths)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    specs = model_specs(args.dims, args.floater_every)
-    dictionary = synthetic_dictionary(args.vocab)
-    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.silent else (lambda *a: None)
-    updates, solves = [], []
-    for T in lengths:
-        bsz = max(1, args.tokens // T)
-        for name in ("transformer", "relative", "floater"):
-            arch, flags, _ = specs[name]
-            bundle = Bundle.build(arch, flags, dictionary, device, args.seed)
-            model = bundle.model
-            sample = random_batch(dictionary, bsz, T, device, args.seed)
-            bundle.train_update(sample)  # Adam's state and every lazily built buffer exist from here on
-            with op_counter() as counter:
-                bundle.train_update(sample)
-            updates.append({"model": name, "length": T, "batch_sentences": bsz, "ops": counter.ops,
-                            "syncs": dict(counter.syncs)})
-            log(f"ops {name:>12} T={T:<4} update: {counter.ops} operators, syncs {dict(counter.syncs)}")
-            if name != "floater":
-                continue
-            flows = model.encoder.position_scheme.positions.flows
-            rows = [len(projections) for _, projections in model.encoder.position_scheme.positions.members]
-            steps = STEPS_PER_DT * (T - 1)
-
-            def solve():
-                initial = model.encoder.position_scheme.positions.initial_values()
-                return solve_flows(flows, initial, T)
-
-            with op_counter() as forward:
-                ys = solve()
-            loss = sum(y.float().sum() for y in ys)
-            with op_counter() as backward:
-                loss.backward()
-            times = []
-            for _ in range(2):  # CPU seconds on CPU (a shared machine), wall seconds on CUDA; the better of two
-                box = []
-                forward_t = timed(lambda: box.append(solve()), device)
-                backward_t = timed(lambda: sum(y.float().sum() for y in box.pop()).backward(), device)
-                clock = 1 if device == "cpu" else 0
-                times.append((forward_t[clock], backward_t[clock]))
-            forward_s = min(t[0] for t in times)
-            backward_s = min(t[1] for t in times)
-            solves.append({"length": T, "rows": rows, "steps": steps, "forward_ops": forward.ops,
-                           "backward_ops": backward.ops, "forward_ops_per_step": forward.ops / steps,
-                           "backward_ops_per_step": backward.ops / steps, "forward_syncs": dict(forward.syncs),
-                           "backward_syncs": dict(backward.syncs), "forward_s": forward_s,
-                           "backward_s": backward_s})
-            log(f"ops solve T={T}: forward {forward.ops} ({forward.ops / steps:.1f}/step), backward {backward.ops}"
-                f" ({backward.ops / steps:.1f}/step), syncs {dict(forward.syncs)} / {dict(backward.syncs)}")
-    return {"kind": "count_ops", "command": "scripts/bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-            "settings": {"dims": args.dims, "lengths": lengths, "tokens": args.tokens, "device": device,
-                         "threads": torch.get_num_threads()},
-            "machine": machine(device), "source": source_state(), "updates": updates, "solves": solves}
-
-
-
-def source_state():
-    """The commit measured, and any plugin file that differs from it (uncommitted changes)."""
-    import subprocess
-
-    def git(*argv):  # only trailing whitespace is stripped: porcelain lines start with a status column
-        try:
-            return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=True).stdout.rstrip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
-    changed = git("status", "--porcelain", "--", "fairseq_plugins")
-    return {"commit": git("rev-parse", "HEAD"),
-            "uncommitted_plugin_files": [line[3:] for line in changed.splitlines()] if changed else []}
-
-
-def machine(device):
-    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "cores": os.cpu_count()}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    if device == "cuda":
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
-
-
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -514,18 +188,6 @@ def memory_phase(p):
     if BASELINE in failed:
         raise SystemExit(f"bench: the baseline {BASELINE} failed: {p.rows[BASELINE, p.lengths[0]].get('error')}")
     p.names[:] = [n for n in p.names if n not in failed]
-
-
-@contextlib.contextmanager
-def counting_graphs(row, key):
-    """Adds to row[key] the graphs torch.compile made inside the block (dynamo's count of unique graphs)."""
-    from torch._dynamo.utils import counters
-
-    before = counters["stats"]["unique_graphs"]
-    try:
-        yield
-    finally:
-        row[key] = row.get(key, 0) + counters["stats"]["unique_graphs"] - before
 
 
 def train_phase(p, bundles, T, sample):

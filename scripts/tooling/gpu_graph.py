@@ -136,7 +136,7 @@ def order_check(device, dims, lengths, tokens, rows):
     import gc
 
     import torch
-    from tooling import bench
+    from tooling import bench_models as bench
     from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
 
     dictionary = bench.synthetic_dictionary(1000)
