@@ -29,6 +29,7 @@ def register_plugins():
     plugins = Path(__file__).resolve().parents[2] / "fairseq_plugins"
     utils.import_user_module(argparse.Namespace(user_dir=str(plugins)))
 
+
 class _BareTask:
     """What fairseq's Transformer builders read from a task: the two dictionaries (placeholder words)."""
 
@@ -108,7 +109,6 @@ def budget(model):
     if updates is None:
         return "updates not recorded"
     return "untrained" if updates == 0 else f"{updates:,} updates"
-
 
 
 # -- what the schemes learned, as tensors ------------------------------------------------------------------------
@@ -347,6 +347,7 @@ def scheme(model):
         return "sinusoidal"
     return "none"
 
+
 def neighbour_similarity(vectors):
     """(N, d) -> (N−1,): cos(p_i, p_{i+1})."""
     import torch
@@ -360,16 +361,18 @@ def neighbour_angle(vectors):
 
     return torch.rad2deg(torch.arccos(neighbour_similarity(vectors).clamp(-1, 1)))
 
-def _is_sinusoid(module):
+
+def is_sinusoid(module):
     from fairseq.modules import SinusoidalPositionalEmbedding
 
     return isinstance(module, SinusoidalPositionalEmbedding)
 
 
-def _is_randomized(module):
+def is_randomized(module):
     from fairseq_plugins.modules.randomized_positions import RandomizedPositionalEmbedding
 
     return isinstance(module, RandomizedPositionalEmbedding)
+
 
 def attention_lines(model, entry, num_positions):
     """(distances, (H, len) values, y-axis label) of one stack's attention scheme."""

@@ -11,10 +11,12 @@ from tooling.position_arrays import (
     absolute_embeddings,
     attention_lines,
     attention_schemes,
+    budget,
     cosine_similarity,
     floater_biases,
     floater_similarities,
-    is_floater,
+    is_randomized,
+    is_sinusoid,
     learned_rows,
     neighbour_angle,
     relative_norms,
@@ -23,9 +25,6 @@ from tooling.position_arrays import (
     rope_rotation_only,
     scheme,
     sinusoid,
-    budget,
-    _is_randomized,
-    _is_sinusoid,
 )
 
 
@@ -101,7 +100,7 @@ def floater_figures(model, label, num_positions, train_max_len, out):
     sims = [floater_similarities(flow) for flow in flows]
     embed = getattr(model.encoder, "embed_positions", None)
     dim = flows[0]["biases"].size(-1)
-    reference = cosine_similarity(sinusoid(num_positions, dim, module=embed if _is_sinusoid(embed) else None))
+    reference = cosine_similarity(sinusoid(num_positions, dim, module=embed if is_sinusoid(embed) else None))
     note = _marker_note(train_max_len)
     paths = []
 
@@ -172,9 +171,10 @@ def floater_figures(model, label, num_positions, train_max_len, out):
     paths.append(save_figure(fig, os.path.join(out, f"{label}_floater_norms.png")))
     return paths
 
+
 def _sinusoid_name(module):
     """Randomized positions evaluate the sinusoid at spread positions: name the rule, not just the sinusoid."""
-    if not _is_randomized(module):
+    if not is_randomized(module):
         return "sinusoid"
     return f"randomized\n({module.eval_rule}, L = {module.max_position})"
 
@@ -203,7 +203,7 @@ def absolute_figure(model, label, num_positions, train_max_len, out):
         panels = [(panels[0][0], panels[0][1].replace("encoder ", "encoder and decoder "), "source")]
     kind = "learned" if learned else "sinusoidal"
     what = f"{kind} absolute positions"
-    if any(_is_randomized(e["module"]) for e in embeddings):  # its positions depend on the sentence's length
+    if any(is_randomized(e["module"]) for e in embeddings):  # its positions depend on the sentence's length
         what = f"sinusoid at the evaluation positions of a {num_positions}-token sentence"
     fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels) + 0.8, 3.0), squeeze=False)
     for ax, (sim, title, side) in zip(axes[0], panels):
@@ -257,6 +257,7 @@ def relative_figures(model, label, out):
                  + (", averaged over heads" if tables[0]["per_head"] else ""), fontsize=9)
     paths.append(save_figure(fig, os.path.join(out, f"{label}_relative_similarity.png")))
     return paths
+
 
 def attention_title(entry, num_positions):
     """The row's class's title and equation (a rotary scheme: the logit the figure draws); a scheme that reads
@@ -321,6 +322,7 @@ def attention_figure(model, label, num_positions, train_max_len, out):
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     return [save_figure(fig, os.path.join(out, f"{label}_{kind}.png"))]
 
+
 NEIGHBOURS = "angle between p_i and p_{i+1} (degrees)"
 
 
@@ -337,7 +339,7 @@ def headline(model, num_positions):
         _, pooled = floater_similarities(flow)
         dim = flow["biases"].size(-1)
         embed = model.encoder.embed_positions
-        ref = sinusoid(num_positions, dim, module=embed if _is_sinusoid(embed) else None)
+        ref = sinusoid(num_positions, dim, module=embed if is_sinusoid(embed) else None)
         neighbours = torch.stack([neighbour_angle(flow["biases"][:, j]) for j in range(flow["biases"].size(1))])
         x = list(range(num_positions - 1))
         blocks = f"{len(pooled)} blocks" if len(pooled) > 1 else "block 1"
@@ -387,7 +389,7 @@ def headline(model, num_positions):
                                  (everywhere, neighbour_angle(ref), f"sinusoid, d = {dim}", "--")],
                         ptitle="how far each position turns from the last", px="position i", py=NEIGHBOURS)
         rows = sinusoid(num_positions, dim, module=module)
-        return dict(kind="randomized" if _is_randomized(module) else "sinusoidal",
+        return dict(kind="randomized" if is_randomized(module) else "sinusoidal",
                     sim=cosine_similarity(rows), title=f"{e['part']} {_sinusoid_name(module)}, d = {dim}",
                     origin=0, axis="position", side="source",
                     profile=[(everywhere, neighbour_angle(rows), f"sinusoid, d = {dim}", "--")],
