@@ -5,6 +5,11 @@ update, beam-search decoding and peak memory per sequence length, or (--count-op
 The protocol is in scripts/tooling/bench.py's docstring (the measurements); scripts/tooling/bench_report.py
 writes the markdown. Usage: python scripts/bench.py [--quick] [--device cpu|cuda] [--out-json F] [--out-md F]
 (make bench: BENCH_ARGS).
+
+--regime measures instead what users train with (scripts/tooling/bench_regime.py's docstring): a newstest-like
+length mix batched by fairseq under --max-tokens, fairseq's Trainer in each --precision, beam-4 decoding; tokens
+per second, ratios to the Transformer, FLOPs per update and the fraction of the device's bf16 matmul rate.
+Verified on CPU only (tests/test_bench.py, tiny dims); it has not yet run on a GPU.
 """
 import argparse
 import json
@@ -17,7 +22,8 @@ from tooling.bench import run
 from tooling.bench_models import ARCHS, FLEX_NAMES, SCHEME_NAMES
 from tooling.bench_ops import count_ops
 from tooling.bench_timing import CLOCKS, parse_lengths
-from tooling.bench_report import markdown, ops_markdown
+from tooling.bench_regime import PRECISIONS, check_args, run_regime
+from tooling.bench_report import markdown, ops_markdown, regime_markdown
 from tooling.paths import REPO, relativize
 
 
@@ -27,7 +33,8 @@ def main(argv=None):
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true",
                    help="tiny dims, two short lengths, few repetitions (a smoke run of well under a minute on CPU)")
-    p.add_argument("--dims", choices=tuple(ARCHS), default="base")
+    p.add_argument("--dims", default="base", help=f"one of {', '.join(ARCHS)}; with --regime a comma-separated list "
+                   "(base,big: fairseq's transformer_wmt_en_de and transformer_vaswani_wmt_en_de_big dims)")
     p.add_argument("--lengths", default="32,128,256,512", help="comma-separated sequence lengths T")
     p.add_argument("--tokens", type=int, default=4096, help="tokens per training batch on each side (B = tokens // T)")
     p.add_argument("--decode-tokens", type=int, default=1024, help="source tokens per decoding call (B = this // T)")
@@ -56,15 +63,31 @@ def main(argv=None):
     p.add_argument("--count-ops", action="store_true",
                    help="count operators and host syncs (no timing) of one update per model and of FLOATER's solve; "
                         "writes results/bench_ops.json/.md unless --out-json/--out-md are given")
+    r = p.add_argument_group("the users' regime (--regime; verified on CPU at tiny dims only, not yet run on a GPU)")
+    r.add_argument("--regime", action="store_true",
+                   help="a newstest2014-like length mix batched as fairseq-train batches it, fairseq's Trainer, beam 4; "
+                        "tokens/s and ratios per --dims x --precision x --max-tokens (writes results/bench_regime.*)")
+    r.add_argument("--precision", default="fp32",
+                   help="comma-separated, of " + ", ".join(PRECISIONS) + " (fairseq's --amp, --bf16, --fp16); users "
+                        "train in bf16 or amp, which gpu_check.sh's section d runs")
+    r.add_argument("--max-tokens", default="8192,16384", help="comma-separated tokens per batch (fairseq's --max-tokens)")
+    r.add_argument("--updates", type=int, default=5, help="timed updates of each model per group (after --warmup)")
+    r.add_argument("--decode-max-tokens", type=int, default=8000,
+                   help="source tokens per decoding batch (scripts/evaluate.sh's --max-tokens)")
+    r.add_argument("--decode-batches", type=int, default=2, help="timed decoding batches of each model")
     p.add_argument("--out-json", default=None, help="default results/bench.json (--count-ops: results/bench_ops.json)")
     p.add_argument("--out-md", default=None, help="default results/bench.md (--count-ops: results/bench_ops.md)")
     p.add_argument("--silent", action="store_true", help="no progress lines on stderr")
     p.add_argument("--notes", default=str(REPO / "results" / "bench_notes.md"),
                    help="markdown appended to --out-md (the analysis of the committed run), if the file exists")
     args = p.parse_args(argv)
-    stem = "bench_ops" if args.count_ops else "bench"
+    stem = "bench_ops" if args.count_ops else "bench_regime" if args.regime else "bench"
     args.out_json = args.out_json or str(REPO / "results" / f"{stem}.json")
     args.out_md = args.out_md or str(REPO / "results" / f"{stem}.md")
+    if args.regime:
+        return main_regime(p, args)
+    if args.dims not in ARCHS:
+        raise SystemExit(f"--dims {args.dims}: one of {', '.join(ARCHS)} (a list only with --regime)")
     if args.quick:
         for name, value in (("dims", "tiny"), ("threads", 1), ("lengths", "16,32"), ("tokens", 256), ("decode_tokens", 64),
                             ("vocab", 64), ("warmup", 1), ("reps", "3"), ("decode_reps", "2"), ("memory_reps", 1)):
@@ -89,6 +112,31 @@ def main(argv=None):
         return
     res = write_report(run(args, progress=lambda partial: write_report(partial, args)), args)
     print(markdown(res))
+
+
+REGIME_MODELS = "relative,t5,alibi,floater,rope"  # --regime's --models unless given
+
+
+def main_regime(p, args):
+    """--regime: the users' regime (tooling.bench_regime), its report written after every group of rows."""
+    if args.models == p.get_default("models"):
+        args.models = REGIME_MODELS
+    if args.quick:  # tiny models, small batches of the same length mix
+        for name, value in (("dims", "tiny"), ("threads", 1), ("max_tokens", "512,1024"), ("vocab", 64),
+                            ("warmup", 1), ("updates", 2), ("decode_max_tokens", 256), ("decode_batches", 1)):
+            if getattr(args, name) == p.get_default(name):
+                setattr(args, name, value)
+    if args.clock is None:
+        args.clock = "cpu" if args.device == "cpu" else "wall"
+    check_args(args)
+
+    def write(res):
+        res = relativize(res)
+        for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, regime_markdown(res))):
+            write_text(Path(path), text)
+        return res
+
+    print(regime_markdown(write(run_regime(args, progress=write))))
 
 
 def write_report(res, args):

@@ -3,8 +3,10 @@ a bound on a timing: the machine running the tests is shared)."""
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import run
 
@@ -201,3 +203,114 @@ def test_graphs_compiled_during_updates_are_counted():
         f(torch.ones(5))  # another static size: a recompile
     assert row == {"warmup": 1, "timed": 1}
     torch._dynamo.reset()
+
+
+# -- the users' regime (scripts/bench.py --regime) ------------------------------------------------------------
+
+def test_the_length_mix_batches_like_fairseq():
+    """The committed newstest2014 histogram, drawn and batched as fairseq-train batches it: every batch within
+    --max-tokens, padding included (sentences × the longest side), each sentence its drawn lengths + EOS, the
+    sentences of a batch a multiple of 8 unless fewer fit, and no sentence in two batches."""
+    from tooling import length_mix
+    from tooling.bench_models import synthetic_dictionary
+
+    pairs = length_mix.load_pairs()
+    assert len(pairs) == 3003 and 30 < sum(s for s, _ in pairs) / 3003 < 40
+    dictionary = synthetic_dictionary(64)
+    for max_tokens in (256, 2048, 16384):
+        drawn = length_mix.draw(pairs, 600, seed=3)
+        dataset, left_out = length_mix.language_pairs(drawn, dictionary, 3, max_tokens)
+        assert left_out == sum(max(s, t) + 1 > max_tokens for s, t in drawn)
+        batches = length_mix.fairseq_batches(dataset, max_tokens, seed=3)
+        seen = []
+        for b in batches:
+            src, tgt = b["net_input"]["src_tokens"], b["target"]
+            assert src.shape[0] * max(src.shape[1], tgt.shape[1]) <= max_tokens
+            assert b["nsentences"] % 8 == 0 or (b["nsentences"] + 8) * max(src.shape[1], tgt.shape[1]) > max_tokens
+            kept = [(s, t) for s, t in drawn if max(s, t) + 1 <= max_tokens]
+            lengths = [(int(s) - 1, int(t) - 1) for s, t in zip(b["net_input"]["src_lengths"],
+                                                                  tgt.ne(dictionary.pad()).sum(1))]
+            assert lengths == [kept[i] for i in b["id"].tolist()]
+            assert src[:, -1].eq(dictionary.eos()).all()  # left-padded sources end in EOS
+            seen += b["id"].tolist()
+        assert sorted(seen) == list(range(len(dataset)))  # every kept sentence once
+    batches, drawn, _ = length_mix.corpus(pairs, dictionary, 1024, 5, seed=1)
+    assert len(batches) == 5 and drawn >= 16
+
+
+NEWSTEST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wmt14"
+
+
+@pytest.mark.skipif(not (NEWSTEST / "newstest2014.ende.en").exists(),
+                    reason="../shared/data/wmt14 (newstest) is not present")
+def test_the_committed_length_mix_is_derived_from_newstest(tmp_path):
+    """tooling.length_mix.derive on ../shared/data's newstest files gives the committed histogram."""
+    import json as json_
+
+    from tooling import length_mix
+
+    d = NEWSTEST
+    table = length_mix.derive(d / "newstest2014.ende.en", d / "newstest2014.ende.de",
+                              [d / "newstest2013.ende.en", d / "newstest2013.ende.de"])
+    assert table["pairs"] == json_.loads(length_mix.LENGTHS_FILE.read_text())["pairs"]
+
+
+def test_transformer_flops_count_every_product_of_the_model():
+    """The analytic count equals 6 × (each weight matrix's entries × the tokens it multiplies) + 12·L·d·(the
+    attention's score and sum products), read off the model's own Linear shapes."""
+    from fairseq_plugins.schemes import MODELS
+    from tooling.bench_models import synthetic_dictionary
+    from tooling.bench_regime import build_trainer, transformer_flops
+
+    dictionary = synthetic_dictionary(100)
+    trainer = build_trainer(MODELS["transformer"].arch("tiny"), [], "fp32", dictionary, "cpu", 1)
+    B, S, T = 3, 7, 5
+    per_token = {"encoder": 0, "decoder": 0, "cross_kv": 0}
+    for name, m in trainer.model.named_modules():
+        if isinstance(m, torch.nn.Linear) and ".layers." in name:
+            key = ("cross_kv" if "encoder_attn.k_proj" in name or "encoder_attn.v_proj" in name
+                   else name.split(".")[0])
+            per_token[key] += m.weight.numel()
+    cfg, L, d = trainer.cfg.model, 2, 64
+    want = 6 * (per_token["encoder"] * B * S + per_token["decoder"] * B * T + per_token["cross_kv"] * B * S
+                + d * len(dictionary) * B * T) + 12 * L * d * B * (S * S + T * T + T * S)
+    assert transformer_flops(cfg, len(dictionary), (B, S), (B, T)) == want
+
+
+def test_the_regime_reports_tokens_per_second_ratios_and_flops(tmp_path):
+    """--regime --quick in every precision (fairseq's Trainer: FP16Optimizer for --fp16/--bf16, AMPOptimizer for
+    --amp): a row per model with tokens/s, the ratio to the Transformer, FLOPs and their rate, decoding too."""
+    from fairseq.optim import AMPOptimizer, FP16Optimizer
+    from tooling import bench_regime
+
+    built = []
+    build = bench_regime.build_trainer
+
+    def recording(*args, **kwargs):
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
+    import bench as cli  # scripts/bench.py
+
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(bench_regime, "build_trainer", recording)
+        cli.main(["--regime", "--quick", "--silent", "--device", "cpu", "--precision", "fp32,amp,bf16,fp16",
+                  "--max-tokens", "384", "--models", "rope", "--updates", "1", "--warmup", "0",
+                  "--out-json", str(out_json), "--out-md", str(out_md)])
+    res = json.loads(out_json.read_text())
+    assert "partial" not in res and res["matmul_bf16"]["flops_per_s"] > 0
+    rows = {(r["precision"], r["model"]): r for r in res["rows"]}
+    assert set(rows) == {(p, n) for p in ("fp32", "amp", "bf16", "fp16") for n in ("transformer", "rope")}
+    for (precision, model), r in rows.items():
+        assert r["tokens_per_s"] > 0 and r["train_ratio"] > 0 and r["decode_tokens_per_s"] > 0
+        assert r["flops"] > 0 and r["flops_per_s"] > 0 and r["matmul_fraction"] > 0
+        assert r["max_tokens"] == 384 and r["dims"] == "tiny" and r["updates"] == 1
+        if model == "transformer":
+            assert r["train_ratio"] == r["decode_ratio"] == 1.0
+    optimizers = [type(t.optimizer) for t in built]
+    assert optimizers.count(AMPOptimizer) == 2 and optimizers.count(FP16Optimizer) == 4  # amp; bf16 and fp16
+    for b in res["batches"]:
+        assert all(s * max(x[1], y[1]) <= 384 for s, (x, y) in zip(b["sentences"], b["padded_tokens"]))
+    md = out_md.read_text()
+    assert "| tiny | bf16 | 384 | rope |" in md and "GFLOP per update" in md

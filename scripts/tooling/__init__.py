@@ -8,6 +8,8 @@ scripts/setup_env.sh puts scripts/ on the venv's path for tests and other import
     tooling.bench_models  the benchmark's models and batches, built through fairseq's APIs
     tooling.bench_timing  the benchmark's clocks, medians, profiles and record of the machine
     tooling.bench_ops  scripts/bench.py --count-ops: operators and host syncs of an update
+    tooling.bench_regime  scripts/bench.py --regime: fairseq's Trainer per precision on a WMT-like length mix
+    tooling.length_mix  newstest2014's length histogram, batched as fairseq-train batches it
     tooling.bench_report  the benchmark's markdown
     tooling.cells    the WMT14 cells: experiment names <-> configs/wmt14.yaml's pair, size, scheme (scripts/hydra_config.py)
     tooling.invariance  a sentence alone vs in a left-padded batch, any scheme, any device (tests, gpu_check.py)

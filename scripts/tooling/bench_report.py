@@ -135,3 +135,48 @@ def _load_summary(load):
     if not samples:
         return "unknown"
     return f"median {statistics.median(samples):.2f} (min {min(samples):.2f}, max {max(samples):.2f})"
+
+
+def regime_markdown(res):
+    """scripts/bench.py --regime's report: per (dims, precision, max tokens) tokens/s, ratios and FLOPs."""
+    s, m, mix, rate = res["settings"], res["machine"], res["length_mix"], res["matmul_bf16"]
+    cuda = s["device"] == "cuda"
+    lines = [
+        "# The users' regime: tokens per second of each position scheme, and ratios to fairseq's Transformer", "",
+        *([f"**PARTIAL**: {res['partial']} (the run was written before it ended).", ""] if res.get("partial") else []),
+        f"Command: `{res['command']}`", "",
+        f"Code: commit `{(res['source']['commit'] or '?')[:12]}`"
+        + (f" with uncommitted changes to {', '.join(f'`{f}`' for f in res['source']['uncommitted_plugin_files'])}"
+           if res["source"]["uncommitted_plugin_files"] else "") + ".", "",
+        f"Machine: {m.get('gpu', m.get('cpu', '?'))}; {m['cores']} CPU cores, {m['threads']} torch threads, torch "
+        f"{m['torch']}, device `{s['device']}`" + (f"; wall time {res['wall_s'] / 60:.1f} min" if "wall_s" in res
+                                                 else "") + ".", "",
+        f"Batches: sentence pairs drawn (seed {s['seed']}) from `{mix['file']}` ({mix['pairs']} pairs, mean "
+        f"{mix['mean_source']:.1f} source and {mix['mean_target']:.1f} target tokens + EOS), batched by fairseq's "
+        "`batch_by_size` under --max-tokens (padding included); every model gets the same batches. Training: "
+        f"fairseq's Trainer, the WMT14 recipe's optimizer and schedule, {s['warmup']} untimed then {s['updates']} "
+        "timed updates of each model, round-robin. tokens/s: target tokens (fairseq's wps) per second of "
+        f"{'wall' if s['clock'] == 'wall' else 'process CPU'} time, one device. Decoding: beam 4, "
+        f"{s['decode_batches']} batch(es) of ≤ {s['decode_max_tokens']} source tokens, each sentence made to produce "
+        "its batch's mean target length. Ratios: the Transformer's tokens/s over the model's (1.10× = 10% slower). "
+        "FLOPs: the Transformer's analytic count per update on the padded batches (tooling.bench_regime."
+        f"transformer_flops); the device's bf16 matmul rate, measured in this run: {rate['flops_per_s'] / 1e12:.3g} "
+        f"TFLOP/s (n = {rate['n']})" + ("" if cuda else "; on CPU its fraction is not shown (a CPU's bf16 product "
+                                        "can be slower than its float32 one)") + ".", "",
+        "| dims | precision | max tokens | model | train tokens/s | train × Transformer | decode tokens/s | "
+        "decode × Transformer | GFLOP per update | TFLOP/s | of bf16 matmul |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in res["rows"]:
+        lines.append(
+            f"| {r['dims']} | {r['precision']} | {r['max_tokens']:,} | {r['model']} | {r['tokens_per_s']:,.0f} | "
+            f"{ratio(r.get('train_ratio'))} | "
+            f"{'—' if r.get('decode_tokens_per_s') is None else format(r['decode_tokens_per_s'], ',.0f')} | "
+            f"{ratio(r.get('decode_ratio'))} | {r['flops'] / r['updates'] / 1e9:,.1f} | "
+            f"{r['flops_per_s'] / 1e12:.3g} | {format(100 * r['matmul_fraction'], '.1f') + '%' if cuda else '—'} |")
+    lines += ["", "Batches timed per group (sentences; padded source × target shapes), and the padding's share:", ""]
+    for b in res["batches"]:
+        lines.append(f"- {b['dims']} {b['precision']} {b['max_tokens']:,}: sentences {b['sentences']}, padding "
+                     f"{100 * b['padding_share']:.0f}%" + (f", {b['left_out']} pair(s) longer than the batch left out"
+                                                          if b["left_out"] else ""))
+    return "\n".join(lines) + "\n"
