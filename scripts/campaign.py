@@ -96,7 +96,8 @@ class Call:
         self.deadline = self.started + self.budget - PACK_S
         self.out = Path(args.out_dir)
         self.recipe = {**manifest["recipe"], **(DRY["recipe"] if args.dry_run else {})}
-        self.eval_s = DRY["eval_s"] if args.dry_run else EVAL_S
+        # seconds per run besides training: the last lease's median where it measured them, else EVAL_S
+        self.eval_s = DRY["eval_s"] if args.dry_run else (cp.eval_before(manifest) or EVAL_S)
         self.report = {"dry_run": args.dry_run, "code": os.environ.get("CODE_VERSION") or git_head(),
                        "machine": machine(args.dry_run), "recipe": self.recipe, "probe": True, "budget_s": self.budget,
                        "setup_s": int(os.environ.get("CAMPAIGN_SETUP_SECONDS", 0)), "runs": [], "jobs": [],
@@ -313,12 +314,19 @@ def train(call, jobs, per_run_rate, level):
 def finish(call, job, started, reason):
     """The job's runs in the report: finished when this call wrote its result."""
     out = call.work / "out" / job["condition"] / "runs"
+    # a run's own seconds: from the job's start, or from the result of the run before it in the job (the recipe
+    # runs a job's runs one after another); less its training, what averaging, decoding and the probe took
+    made = sorted(f.stat().st_mtime for f in out.glob("*.json")
+                  if f.stat().st_mtime >= started and f.name.count(".") == 2)
     for name in job["runs"]:
         result = out / f"{name}.json"
         row = {"run": name, "condition": job["condition"], "job": job["name"]}
         if result.is_file() and result.stat().st_mtime >= started:
             r = cp.read_json(result)
-            row.update(status="finished", wall_s=round(result.stat().st_mtime - started),
+            end = result.stat().st_mtime
+            own = end - max([started, *(t for t in made if t < end)])
+            row.update(status="finished", wall_s=round(end - started), own_s=round(own),
+                       eval_s=round(own - (r.get("train_seconds") or 0)),
                        bleu_tok_lc=r["bleu_tok_lc"], bleu=r["bleu"], train_seconds=r.get("train_seconds"),
                        updates=(r.get("valid_loss") or [[None]])[-1][0])
         else:
@@ -353,14 +361,15 @@ def call_markdown(report):
              f"{report['budget_s']} s (set-up {report['setup_s']} s, data {report.get('prepare_s')}).", "",
              f"Measured total training updates/s by runs side by side: {report['measured']}; chosen: "
              f"{report['concurrency']} ({report['why']}).", "",
-             "| run | condition | status | BLEU tok-lc | sacreBLEU | updates | training s | wall s |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+             "Wall s: from its job's start; eval s: its own time less its training (averaging, decoding, probe).", "",
+             "| run | condition | status | BLEU tok-lc | sacreBLEU | updates | training s | eval s | wall s |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in report["runs"]:
         if r["status"] == "finished":
             lines.append(f"| {r['run']} | {r['condition']} | finished | {r['bleu_tok_lc']:.2f} | {r['bleu']:.2f} | "
-                         f"{r['updates']} | {r['train_seconds']} | {r['wall_s']} |")
+                         f"{r['updates']} | {r['train_seconds']} | {r['eval_s']} | {r['wall_s']} |")
         else:
-            lines.append(f"| {r['run']} | {r['condition']} | {r['status']}: {r['reason'][:200]} | | | | | |")
+            lines.append(f"| {r['run']} | {r['condition']} | {r['status']}: {r['reason'][:200]} | | | | | | |")
     lines += ["", f"Archives: {', '.join(report['archives']) or 'none'}."]
     return "\n".join(lines) + "\n"
 

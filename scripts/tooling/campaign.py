@@ -269,8 +269,18 @@ def record(manifest, finished, report, lease):
         "lease": lease, "code": report["code"], "machine": report["machine"], "dry_run": report["dry_run"],
         "measured_updates_per_s": report.get("measured"), "concurrency": report.get("concurrency"),
         "why": report.get("why"), "wall_s": report.get("wall_s"), "finished": len(finished),
+        "eval_s_median": median([row["eval_s"] for _, row in finished if row.get("eval_s") is not None]),
         "recorded": time.strftime("%Y-%m-%d", time.gmtime())})
     return manifest
+
+
+def eval_before(manifest):
+    """The median seconds a run took besides training (averaging, decoding, probe) at the last lease that
+    measured them (not a dry run's), or None."""
+    for lease in reversed(manifest["leases"]):
+        if lease.get("eval_s_median") and not lease.get("dry_run"):
+            return lease["eval_s_median"]
+    return None
 
 
 def measured_before(manifest):
@@ -279,6 +289,11 @@ def measured_before(manifest):
         if lease.get("measured_updates_per_s") and not lease.get("dry_run"):
             return {int(k): v for k, v in lease["measured_updates_per_s"].items()}
     return None
+
+
+def median(values):
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
 
 
 def write_manifest(path, manifest):
