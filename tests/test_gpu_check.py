@@ -19,7 +19,7 @@ from helpers.small_task import small_data
 from tooling.gpu_report import verdicts
 
 TITLES = ["## a. Machine", "## b. FLOATER's CUDA-graph solve against the loop",
-          "## c. Every arch × precision on the toy task", "## d. Benchmark: FLOATER with and without CUDA graphs",
+          "## c. Every arch × precision on the toy task", "## d. Benchmark: the users' regime; FLOATER with and without CUDA graphs",
           "## e. Fused attention: Shaw, T5 and ALiBi on FlexAttention against today's path"]
 
 
@@ -89,6 +89,10 @@ def test_a_failing_section_leaves_the_others_and_fails_the_run(data, tmp_path):
     assert set(ratios) == {"transformer", "floater", "floater_graph"}
     assert ratios["floater_graph"]["graph_buckets"] > 0 and ratios["floater"]["graph_buckets"] is None
     assert (out / "gpu_check_bench.md").exists()
+    regime = {(r["precision"], r["model"]): r for r in sections["bench"]["rows"] if r["kind"] == "regime"}
+    assert set(regime) == {(p, m) for p in ("bf16", "amp") for m in ("transformer", "floater")}
+    assert all(r["tokens_per_s"] > 0 and r["train_ratio"] > 0 and r["gflop_per_update"] > 0 for r in regime.values())
+    assert "| floater | tiny | amp | 512 |" in md and (out / "gpu_check_regime.md").exists()
     # e.: every scheme on flex and on today's path trained, beside the Transformer, and the goals' table
     fused = {r["model"]: r for r in sections["fused"]["rows"] if r["kind"] == "ratio"}
     assert set(fused) == {"transformer", "relative", "relative_flex", "t5", "t5_flex", "alibi", "alibi_flex"}
@@ -134,7 +138,7 @@ def test_a_section_past_its_cap_is_killed_and_reported(tmp_path):
     md = md_path.read_text()
     assert "**Timed out after 4 s** (its cap)" in md and "python 3." in md
     assert [v["check"] for v in report["verdicts"] if not v["passed"]] == [
-        "d. Benchmark: FLOATER with and without CUDA graphs: timed out after 4 s"]
+        "d. Benchmark: the users' regime; FLOATER with and without CUDA graphs: timed out after 4 s"]
     pids = [int(p) for p in re.search(r"hanging: pids (\d+) (\d+)", stderr).groups()]
     time.sleep(0.5)
     for pid in pids:  # the section's process and its child: killed, not left behind

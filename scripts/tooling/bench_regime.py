@@ -247,6 +247,10 @@ def check_args(args):
             raise SystemExit(f"--dims {args.dims}: '{d}' is not one of base, big, tiny")
     if any(not x.isdigit() or int(x) < 16 for x in str(args.max_tokens).split(",")):
         raise SystemExit(f"--max-tokens {args.max_tokens}: comma-separated integers >= 16")
+    unknown = [m for m in args.models.split(",") if m not in model_specs("tiny", args.floater_every)
+               and m != "floater_cached"]
+    if unknown:
+        raise SystemExit(f"--models {args.models}: unknown {', '.join(unknown)}")
     if "floater_cached" in args.models.split(","):
         raise SystemExit("--regime: floater_cached is not measured here (its cost is amortised over N updates; "
                          "use --floater-update-every in the fixed-length benchmark)")

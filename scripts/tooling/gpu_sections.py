@@ -3,7 +3,8 @@ process of its own, killed with all it started at its cap.
 
     a. machine      GPU, driver, CUDA, torch, Python
     c. precision    every arch × --fp16/--bf16/--amp, 100 updates on the toy task, then beam 4 against fp32's
-    d. bench        scripts/bench.py --device cuda: FLOATER with and without CUDA graphs, beside the Transformer
+    d. bench        scripts/bench.py --device cuda: the users' regime (--regime: bf16 and amp, 16,384 tokens, base
+                    dims, six schemes); then FLOATER with and without CUDA graphs, beside the Transformer
     e. fused        scripts/bench.py: Shaw's, T5's and ALiBi's attention on FlexAttention against today's path
     f. invariance   every scheme alone vs batched (tooling.invariance); one seed trained twice
 
@@ -24,7 +25,7 @@ import traceback
 from pathlib import Path
 
 from tooling.gpu_common import (DECODE_SHARDS, FAIL_ENV, FUSED_MODELS, HANG_ENV, INVARIANCE_DTYPES, MEMORY_WORKERS,
-                                MODES, PLUGINS, REPLAY_ARCHS, REPLAY_UPDATES, REPO, SCRIPT, SECTIONS, CheckError,
+                                MODES, PLUGINS, REGIME_MODELS, REPLAY_ARCHS, REPLAY_UPDATES, REPO, SCRIPT, SECTIONS, CheckError,
                                 Rows, last_line, log, model_names, relative)
 from tooling.gpu_graph import build_trainer, section_floater_graph
 from tooling.supervise import children_cpu, start_group, wait_capped
@@ -157,6 +158,7 @@ def precision_rows(rows):
 # -- d. the benchmark -----------------------------------------------------------------------------------------
 
 def section_bench(ctx, rows):
+    section_regime(ctx, rows)  # first: the figures users quote (a cut run keeps the groups it finished)
     out_json, out_md = ctx.out_dir / "gpu_check_bench.json", ctx.out_dir / "gpu_check_bench.md"
     args = ["--device", ctx.device, "--notes", "", "--out-json", str(out_json), "--out-md", str(out_md)]
     if ctx.dry_run:
@@ -169,9 +171,28 @@ def section_bench(ctx, rows):
     run_bench(rows, args, out_json, out_md, decode_ratio="decode_ratio", graph_buckets="graph_buckets")
 
 
-def run_bench(rows, args, out_json, out_md, **extra):
-    """scripts/bench.py with args in this process; a "bench" row with its command and a "ratio" row per model and
-    length (extra: row field = bench.py's key, beside the ratios both sections report)."""
+def section_regime(ctx, rows):
+    """bench.py --regime: fairseq's Trainer in bf16 and amp on 16,384-token batches of the newstest length mix, base
+    dims, the Transformer and REGIME_MODELS; a "regime" row per (precision, model)."""
+    out_json, out_md = ctx.out_dir / "gpu_check_regime.json", ctx.out_dir / "gpu_check_regime.md"
+    args = ["--regime", "--device", ctx.device, "--precision", "bf16,amp", "--decode-batches", "1",
+            "--out-json", str(out_json), "--out-md", str(out_md)]
+    if ctx.dry_run:
+        args += ["--dims", "tiny", "--max-tokens", "512", "--models", "floater", "--updates", "1", "--warmup", "0",
+                 "--vocab", "1000", "--decode-max-tokens", "256", "--threads", "1"]
+    else:
+        args += ["--dims", "base", "--max-tokens", "16384", "--models", ",".join(REGIME_MODELS), "--updates", "3",
+                 "--warmup", "2"]
+    call_bench(rows, args, out_md)
+    for r in json.loads(out_json.read_text())["rows"]:
+        rows.add("regime", **{k: r.get(k) for k in ("model", "dims", "precision", "max_tokens", "tokens_per_s",
+                                                    "train_ratio", "decode_tokens_per_s", "decode_ratio",
+                                                    "matmul_fraction")},
+                 gflop_per_update=r["flops"] / r["updates"] / 1e9)
+
+
+def call_bench(rows, args, out_md):
+    """scripts/bench.py with args in this process, and a "bench" row with its command and report."""
     import bench as bench_cli  # scripts/bench.py, beside this file
 
     command = ["scripts/bench.py", *(relative(a) if a.startswith("/") else a for a in args)]
@@ -181,6 +202,12 @@ def run_bench(rows, args, out_json, out_md, **extra):
     finally:
         sys.argv = argv
     rows.add("bench", command=" ".join(a or "''" for a in command), report=relative(out_md))
+
+
+def run_bench(rows, args, out_json, out_md, **extra):
+    """scripts/bench.py with args in this process; a "bench" row with its command and a "ratio" row per model and
+    length (extra: row field = bench.py's key, beside the ratios both sections report)."""
+    call_bench(rows, args, out_md)
     for r in json.loads(out_json.read_text())["rows"]:
         rows.add("ratio", model=r["model"], length=r["length"], train_ratio=r.get("train_ratio"),
                  memory_ratio=r.get("memory_ratio"),
