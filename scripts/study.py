@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The Multi30k study's decisions and results (scripts/tooling/study.py); scripts/recipes/multi30k_study.sh calls it.
+"""The Multi30k study's decisions and results (scripts/tooling/study.py: the run results; study_table.py: the
+tables; study_plan.py: the decisions); scripts/recipes/multi30k_study.sh calls it.
 
   # the runs in order, one "PHASE MODEL SEED" line each (fine-tunes after everything trained from scratch)
   scripts/study.py plan --models "transformer relative floater_warm" --seeds "1 2 3"
@@ -29,12 +30,12 @@ import argparse
 import os
 from pathlib import Path
 
-from tooling import results_table, study
+from tooling import results_table, study, study_plan, study_table
 
 
 def decide(args):
-    print(study.decide(args.model, args.seed, args.models.split(), args.out, args.run_dir, args.recipe,
-                       probe=args.probe, probe_retrain=args.probe_retrain))
+    print(study_plan.decide(args.model, args.seed, args.models.split(), args.out, args.run_dir, args.recipe,
+                            probe=args.probe, probe_retrain=args.probe_retrain))
 
 
 def every_run(args):
@@ -48,16 +49,17 @@ def tabulate(args):
     table of every finished run (every-run), the length probe's table, the results' paths made portable, the
     validation curves; then the study's results table and probe figure where this folder is one of their
     sources (tooling/results_table.py)."""
-    import length_probe
     import result_paths
+    from tooling import length_probe_table
 
     models, seeds = study.every_run(args.runs, args.models.split(), args.seeds.split())
     asked, args.models, args.seeds = args.seeds, " ".join(models), " ".join(map(str, seeds))
-    study.table(args, asked)
+    study_table.table(args, asked)
     src, tgt = args.pair.split("-")
-    length_probe.table(argparse.Namespace(runs=args.runs, models=args.models, seeds=args.seeds,
-                                          out=os.path.join(args.out, "probe_table.md"), data=args.probe_data,
-                                          reference="transformer", src=src, tgt=tgt))
+    length_probe_table.table(argparse.Namespace(runs=args.runs, models=args.models, seeds=args.seeds,
+                                                out=os.path.join(args.out, "probe_table.md"),
+                                                data=args.probe_data, reference="transformer", src=src,
+                                                tgt=tgt))
     result_paths.rewrite_all([args.out])  # older code wrote absolute paths
     if any(Path(args.runs).glob("*.json")):
         study.plot(argparse.Namespace(runs=args.runs, out=os.path.join(args.out, "valid_loss.png"),
@@ -79,7 +81,7 @@ def probe_plot(args):
 
 
 def plan(args):
-    for phase, model, seed in study.plan(args.models.split(), args.seeds.split()):
+    for phase, model, seed in study_plan.plan(args.models.split(), args.seeds.split()):
         print(phase, model, seed)
 
 
@@ -150,7 +152,7 @@ def main():
                     help="a condition's folder (its runs/*.probe.json, summary.json)")
     pp.add_argument("--out", default=str(results_table.ROOT / results_table.FIGURE))
     args = ap.parse_args()
-    {"run-result": study.run_result, "table": study.table, "plot": study.plot, "updates": study.updates,
+    {"run-result": study.run_result, "table": study_table.table, "plot": study.plot, "updates": study.updates,
      "retrain-note": study.retrain_note, "every-run": every_run, "plan": plan, "decide": decide,
      "tabulate": tabulate, "results-table": table_of_results, "probe-plot": probe_plot}[args.cmd](args)
 

@@ -17,6 +17,7 @@ from conftest import REPO, env, run
 from helpers.small_task import run1, small_data, train_cmd
 
 import length_probe
+from tooling import length_probe as probe_lib
 from tooling.bleu import prepare, tokenized_bleu
 
 
@@ -45,8 +46,8 @@ def trained(tmp_path_factory):
 def test_probes_grow_until_enough_are_beyond_the_multiple():
     src = [f"s{i}" for i in range(10)]
     ref = [f"r{i}" for i in range(10)]
-    probes = length_probe.make_probes(src, ref, lambda text: len(text.split()) + 1, longest=3, per_k=4, beyond=2,
-                                      max_k=20)
+    probes = probe_lib.make_probes(src, ref, lambda text: len(text.split()) + 1, longest=3, per_k=4, beyond=2,
+                                   max_k=20)
     # one word per sentence: k sentences are k + 1 tokens; > 2 × 3 = 6 tokens from k = 6 on: 4 probes at k = 6
     assert max(p[0] for p in probes) == 6 and len(probes) == 6 * 4
     k3 = [p for p in probes if p[0] == 3]
@@ -55,23 +56,23 @@ def test_probes_grow_until_enough_are_beyond_the_multiple():
     wrap = [p for p in probes if p[0] == 6][3]
     assert wrap[2] == "s6 s7 s8 s9 s0 s1"  # round the test set
     with pytest.raises(SystemExit, match="--max-k 5|k = 5"):
-        length_probe.make_probes(src, ref, lambda text: len(text.split()) + 1, 3, 4, 2, max_k=5)
+        probe_lib.make_probes(src, ref, lambda text: len(text.split()) + 1, 3, 4, 2, max_k=5)
 
 
 def test_buckets_are_relative_to_the_longest_training_source():
-    edges = length_probe.parse_edges("1,1.5,2,3")
-    assert length_probe.bucket_labels(edges) == ["≤ 1×", "1–1.5×", "1.5–2×", "2–3×", "> 3×"]
-    assert [length_probe.bucket_of(r, edges) for r in (0.2, 1.0, 1.01, 1.5, 2.0, 2.5, 3.0, 3.01)] == \
+    edges = probe_lib.parse_edges("1,1.5,2,3")
+    assert probe_lib.bucket_labels(edges) == ["≤ 1×", "1–1.5×", "1.5–2×", "2–3×", "> 3×"]
+    assert [probe_lib.bucket_of(r, edges) for r in (0.2, 1.0, 1.01, 1.5, 2.0, 2.5, 3.0, 3.01)] == \
         [0, 0, 1, 1, 2, 3, 3, 4]
 
 
 def test_sentences_are_counted_by_their_ends():
-    assert length_probe.sentences("Ein Mann läuft. Eine Frau sitzt!") == 2
-    assert length_probe.sentences('Er ruft "Hallo!" Dann geht er.') == 2
-    assert length_probe.sentences("Zwei Männer mit 2.5 Hunden") == 0  # no end punctuation: no sentence
-    assert length_probe.sentences("Wer? Ich...") == 2
-    assert length_probe.multi_sentence_share(["A. B.", "C.", "D", "E. F. G."]) == 0.5
-    assert length_probe.multi_sentence_share([]) == 0.0
+    assert probe_lib.sentences("Ein Mann läuft. Eine Frau sitzt!") == 2
+    assert probe_lib.sentences('Er ruft "Hallo!" Dann geht er.') == 2
+    assert probe_lib.sentences("Zwei Männer mit 2.5 Hunden") == 0  # no end punctuation: no sentence
+    assert probe_lib.sentences("Wer? Ich...") == 2
+    assert probe_lib.multi_sentence_share(["A. B.", "C.", "D", "E. F. G."]) == 0.5
+    assert probe_lib.multi_sentence_share([]) == 0.0
 
 
 def test_an_output_that_stops_after_its_first_sentence_shows_in_the_sentence_ratio():
@@ -79,10 +80,10 @@ def test_an_output_that_stops_after_its_first_sentence_shows_in_the_sentence_rat
     k whatever the cause; the sentence ratio names this one."""
     refs = ["Ein Hund rennt. Eine Katze schläft.", "Ein Mann isst. Ein Kind lacht. Eine Frau liest."]
     first = ["Ein Hund rennt.", "Ein Mann isst."]
-    stopped = length_probe.scores(first, refs)
+    stopped = probe_lib.scores(first, refs)
     assert stopped["hyp_ref_sentences"] == round(2 / 5, 3) and stopped["hyp_ref_ratio"] == round(8 / 20, 3)
-    assert length_probe.scores(refs, refs) == {"bleu_tok_lc": 100.0, "hyp_ref_ratio": 1.0, "hyp_ref_sentences": 1.0}
-    assert length_probe.scores(["a b"], ["c d"])["hyp_ref_sentences"] is None  # references without sentence ends
+    assert probe_lib.scores(refs, refs) == {"bleu_tok_lc": 100.0, "hyp_ref_ratio": 1.0, "hyp_ref_sentences": 1.0}
+    assert probe_lib.scores(["a b"], ["c d"])["hyp_ref_sentences"] is None  # references without sentence ends
 
 
 @pytest.mark.slow  # decodes the probe with fairseq-preprocess and scripts/generate.sh (processes)
@@ -109,18 +110,18 @@ def test_score_a_finished_run(trained, tmp_path):
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
-    probes = length_probe.make_probes(src, ref, lambda text: len(sp.encode(text)) + 1, longest, 8, 3.0, 60)
+    probes = probe_lib.make_probes(src, ref, lambda text: len(sp.encode(text)) + 1, longest, 8, 3.0, 60)
     assert len(hyps) == len(probes)
     edges = result["edges"]
     for i, b in enumerate(buckets):
-        idx = [j for j, p in enumerate(probes) if length_probe.bucket_of(p[4] / longest, edges) == i]
+        idx = [j for j, p in enumerate(probes) if probe_lib.bucket_of(p[4] / longest, edges) == i]
         assert len(idx) == b["probes"]
         if idx:
             bleu = tokenized_bleu([hyps[j] for j in idx], [probes[j][3] for j in idx], lowercase=True,
                                   compounds=False)
             assert b["bleu_tok_lc"] == round(bleu.score, 2) and b["hyp_ref_ratio"] == round(bleu.sys_len / bleu.ref_len, 3)
-            assert b["hyp_ref_sentences"] == length_probe.scores([hyps[j] for j in idx],
-                                                                 [probes[j][3] for j in idx])["hyp_ref_sentences"]
+            assert b["hyp_ref_sentences"] == probe_lib.scores([hyps[j] for j in idx],
+                                                              [probes[j][3] for j in idx])["hyp_ref_sentences"]
     # the same per k: every probe of a k, in the order the probes were made
     assert [r["k"] for r in result["by_k"]] == result["ks"]
     for row in result["by_k"]:
@@ -128,9 +129,9 @@ def test_score_a_finished_run(trained, tmp_path):
         assert row["probes"] == len(idx) == 8
         assert row["source_tokens"] == [min(probes[j][4] for j in idx), max(probes[j][4] for j in idx)]
         assert {key: row[key] for key in ("bleu_tok_lc", "hyp_ref_ratio", "hyp_ref_sentences")} == \
-            length_probe.scores([hyps[j] for j in idx], [probes[j][3] for j in idx])
+            probe_lib.scores([hyps[j] for j in idx], [probes[j][3] for j in idx])
     train_targets = (data / "raw" / "train.tgt").read_text(encoding="utf-8").splitlines()
-    assert result["train_multi_sentence_targets"] == round(length_probe.multi_sentence_share(train_targets), 4)
+    assert result["train_multi_sentence_targets"] == round(probe_lib.multi_sentence_share(train_targets), 4)
     assert "transformer.seed1: longest training source" in printed
     assert not list(tmp_path.rglob("*.tmp")) and not list((tmp_path / "runs").glob(".*"))
 
@@ -207,9 +208,9 @@ def fake_result(name, model, bleus, ratios, longest=20, sentences=(1.0, 0.5, 0.3
 
 def test_repeated_ngrams_are_those_seen_earlier_in_the_same_line():
     lines = ["Ein Mann im Park.", "im im im im im im", "Ein Hund , ein Hund , ein Hund , ein Hund .", "kurz"]
-    assert length_probe.repeated_ngrams(lines) == naive_repeats(lines) == (0 + 2 + 5, 2 + 3 + 9 + 0)
+    assert probe_lib.repeated_ngrams(lines) == naive_repeats(lines) == (0 + 2 + 5, 2 + 3 + 9 + 0)
     # the same 4-gram in two lines is no repeat: each line is one output
-    assert length_probe.repeated_ngrams(["a b c d", "a b c d"]) == (0, 2)
+    assert probe_lib.repeated_ngrams(["a b c d", "a b c d"]) == (0, 2)
 
 
 def test_table_mean_and_std_over_seeds(tmp_path):
@@ -271,7 +272,7 @@ def test_table_differences_to_the_transformer_per_bucket(trained, tmp_path, monk
 
     sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
     longest = first["train_longest_source"]
-    probes = length_probe.make_probes(src, ref, lambda text: len(sp.encode(text)) + 1, longest, 8, 3.0, 60)
+    probes = probe_lib.make_probes(src, ref, lambda text: len(sp.encode(text)) + 1, longest, 8, 3.0, 60)
     refs = [p[3] for p in probes]
     hyps = {"transformer.seed1": (runs / "transformer.seed1.probe.hyp").read_text(encoding="utf-8").splitlines(),
             "transformer.seed2": [" ".join(r.split()[:-2]) for r in refs],
@@ -298,7 +299,7 @@ def test_table_differences_to_the_transformer_per_bucket(trained, tmp_path, monk
     cells = [c.strip() for c in row.strip("|").split("|")][2:]
     assert len(cells) == len(first["buckets"])
     for b, cell in enumerate(cells):
-        idx = [j for j, p in enumerate(probes) if length_probe.bucket_of(p[4] / longest, first["edges"]) == b]
+        idx = [j for j, p in enumerate(probes) if probe_lib.bucket_of(p[4] / longest, first["edges"]) == b]
         if not idx:
             assert cell == "–"
             continue
@@ -316,7 +317,7 @@ def test_table_differences_to_the_transformer_per_bucket(trained, tmp_path, monk
 
     checked = 0
     for b, (ref_cell, cell) in enumerate(zip(cells("| references |"), cells("| relative | 2 |"))):
-        idx = [j for j, p in enumerate(probes) if length_probe.bucket_of(p[4] / longest, first["edges"]) == b]
+        idx = [j for j, p in enumerate(probes) if probe_lib.bucket_of(p[4] / longest, first["edges"]) == b]
         share = {name: naive_repeats([hyps[name][j] for j in idx]) for name in ("relative.seed1", "relative.seed2")}
         if not idx or not share["relative.seed1"][1]:  # no probe, or references shorter than 4 tokens
             assert ref_cell == "–"

@@ -17,7 +17,7 @@ import sacrebleu
 from conftest import REPO, run
 from helpers.study_corpus import MODELS, SEEDS, corpus, first_run, start_from, study  # noqa: F401  (fixtures)
 
-from tooling import bootstrap, study as study_tool
+from tooling import bootstrap, study_table
 from fairseq_plugins.schemes import SCHEMES
 from tooling.bleu import tokenized_bleu
 
@@ -300,12 +300,12 @@ def test_bootstrap_of_identical_systems_and_of_one_seed():
     same = bootstrap.compare(m, m, metric, samples=200)
     assert same["effect"] == 0 and same["p"] == 1 and same["p_sentences"] == 1
     assert set(same["p_per_seed"].values()) == {1.0} and same["ci"] == [0.0, 0.0] and bootstrap.within_noise(same)
-    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": same}}) == "within seed noise"
+    assert study_table.verdict({"bootstrap": {"bleu_tok_lc": same}}) == "within seed noise"
     # one seed: the variance over seeds is not estimated, and the verdict says so
     one = bootstrap.compare({1: m[1]}, {1: r[1]}, metric, samples=200)
     assert one["ci"] is None and one["p"] is None and one["note"] == bootstrap.ONE_SEED
     assert 0 < one["p_sentences"] <= 1 and bootstrap.within_noise(one) is None
-    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": one}}).endswith("on one seed; seed noise not measured")
+    assert study_table.verdict({"bootstrap": {"bleu_tok_lc": one}}).endswith("on one seed; seed noise not measured")
 
 
 def test_two_seeds_get_no_verdict():
@@ -316,10 +316,10 @@ def test_two_seeds_get_no_verdict():
     _, r = stats_of(other, refs)
     two = bootstrap.compare({s: m[s] for s in (1, 2)}, {s: r[s] for s in (1, 2)}, metric, samples=500)
     assert two["ci"][0] > 0 and not bootstrap.within_noise(two)
-    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": two}}) == \
+    assert study_table.verdict({"bootstrap": {"bleu_tok_lc": two}}) == \
         "same direction on 2 seeds; too few for a verdict (3 at least)"
     three = bootstrap.compare(m, r, metric, samples=500)
-    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": three}}) == "yes, beyond seed noise"
+    assert study_table.verdict({"bootstrap": {"bleu_tok_lc": three}}) == "yes, beyond seed noise"
 
 
 def test_seed_noise_is_counted():
@@ -332,13 +332,13 @@ def test_seed_noise_is_counted():
     mixed = bootstrap.compare(m, r, metric, samples=500)
     assert mixed["effect"] > 5 and mixed["p_sentences"] < 0.01 and max(mixed["p_per_seed"].values()) < 0.01
     assert mixed["ci"][0] < 0 < mixed["ci"][1] and mixed["p"] > 0.05
-    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": mixed}}) == "within seed noise"
+    assert study_table.verdict({"bootstrap": {"bleu_tok_lc": mixed}}) == "within seed noise"
     refs, model, other = synthetic_systems(n=200, noise={s: (0.2, 0.35) for s in (1, 2, 3)})
     metric, m = stats_of(model, refs)
     _, r = stats_of(other, refs)
     steady = bootstrap.compare(m, r, metric, samples=500)
     assert steady["ci"][0] > 0 and steady["p"] < 0.01
-    assert study_tool.verdict({"bootstrap": {"bleu_tok_lc": steady}}) == "yes, beyond seed noise"
+    assert study_table.verdict({"bootstrap": {"bleu_tok_lc": steady}}) == "yes, beyond seed noise"
 
 
 def test_committed_claims_are_judged_over_seeds_and_sentences():
@@ -356,4 +356,4 @@ def test_committed_claims_are_judged_over_seeds_and_sentences():
                 assert test["effect"] == pytest.approx(cmp["delta"][key], abs=0.01), path
                 assert (test["ci"] is None) == (len(cmp["seeds"]) < 2) == (test["p"] is None), path
         for claim in claims:
-            assert claim["verdict"] == study_tool.verdict(claim, at_least=">=" in claim["claim"]), path
+            assert claim["verdict"] == study_table.verdict(claim, at_least=">=" in claim["claim"]), path

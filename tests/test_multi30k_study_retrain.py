@@ -9,7 +9,7 @@ import pytest
 from helpers.study_corpus import corpus, first_run, start_from, study  # noqa: F401  (fixtures)
 
 from tooling import bootstrap
-from tooling.study import decide
+from tooling.study_plan import decide
 
 
 def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpus, first_run, tmp_path):

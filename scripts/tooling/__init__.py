@@ -4,6 +4,11 @@ scripts/setup_env.sh puts scripts/ on the venv's path for tests and other import
     tooling.atomic   write a file under a temporary name beside it, then rename it into place
     tooling.paths    paths in committed results, relative to the repository (scripts/result_paths.py)
     tooling.bleu     the papers' tokenized BLEU (scripts/tokenized_bleu.py)
+    tooling.study    the Multi30k study's run results, the runs a table covers, its curves (scripts/study.py)
+    tooling.study_table  the study's table: seeds' mean ± std, paired bootstrap against a reference, the claims
+    tooling.study_plan  the study's decisions: the order of its runs, and run, skip, probe or retrain each
+    tooling.length_probe  the length probe's joined test sentences, buckets and scores (scripts/length_probe.py)
+    tooling.length_probe_table  the length probe's table over seeds, repeats and differences per bucket
     tooling.bench    the benchmark's measurements at fixed lengths, phase by phase (scripts/bench.py)
     tooling.bench_models  the benchmark's models and batches, built through fairseq's APIs
     tooling.bench_timing  the benchmark's clocks, medians, profiles and record of the machine
