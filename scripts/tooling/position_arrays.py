@@ -71,7 +71,7 @@ def load_model(path):
         args = state.get("args")
     if args is None:
         raise BadInput(f"checkpoint {path}: no model configuration (expected cfg.model or args)")
-    from fairseq_plugins.models._config import as_namespace
+    from fairseq_plugins.models.position_transformer import as_namespace  # the model args as a Namespace
 
     args = argparse.Namespace(**vars(as_namespace(args)))
     arch = getattr(args, "_name", None) or getattr(args, "arch", None)  # as fairseq.models.build_model
