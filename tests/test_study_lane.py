@@ -22,7 +22,8 @@ n=$(( $(cat "$OUT_DIR/attempts" 2> /dev/null || echo 0) + 1 )); echo $n > "$OUT_
 [ "${MODELS:-}" != refused ] || { echo "multi30k_study.sh: MODELS=refused: unknown model" >&2; exit 2; }
 (( n > 1 )) || exit 1
 { echo "recipe=@WHICH@"; echo "pwd=$PWD"; echo "nice=$(nice)"; for v in EPOCHS MAX_TRAIN_TOKENS JOIN_TRAIN DATA_DIR CKPT_ROOT OUT_DIR \\
-    CODE_VERSION JOBS MULTI30K_DIR PYTHONPATH MODELS; do echo "$v=${!v:-}"; done; } > "$OUT_DIR/ran"
+    CODE_VERSION JOBS MULTI30K_DIR PYTHONPATH MODELS; do echo "$v=${!v:-}"; done; } > "$OUT_DIR/ran.tmp"
+mv "$OUT_DIR/ran.tmp" "$OUT_DIR/ran"  # whole when it appears: a test polls for it while the lane runs
 """
 
 
