@@ -33,8 +33,9 @@ def main(argv=None):
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true",
                    help="tiny dims, two short lengths, few repetitions (a smoke run of well under a minute on CPU)")
-    p.add_argument("--dims", default="base", help=f"one of {', '.join(ARCHS)}; with --regime a comma-separated list "
-                   "(base,big: fairseq's transformer_wmt_en_de and transformer_vaswani_wmt_en_de_big dims)")
+    p.add_argument("--dims", default=None, help=f"one of {', '.join(ARCHS)} (default base); with --regime a "
+                   "comma-separated list (default base,big: fairseq's transformer_wmt_en_de and "
+                   "transformer_vaswani_wmt_en_de_big dims)")
     p.add_argument("--lengths", default="32,128,256,512", help="comma-separated sequence lengths T")
     p.add_argument("--tokens", type=int, default=4096, help="tokens per training batch on each side (B = tokens // T)")
     p.add_argument("--decode-tokens", type=int, default=1024, help="source tokens per decoding call (B = this // T)")
@@ -86,13 +87,14 @@ def main(argv=None):
     args.out_md = args.out_md or str(REPO / "results" / f"{stem}.md")
     if args.regime:
         return main_regime(p, args)
-    if args.dims not in ARCHS:
-        raise SystemExit(f"--dims {args.dims}: one of {', '.join(ARCHS)} (a list only with --regime)")
     if args.quick:
         for name, value in (("dims", "tiny"), ("threads", 1), ("lengths", "16,32"), ("tokens", 256), ("decode_tokens", 64),
                             ("vocab", 64), ("warmup", 1), ("reps", "3"), ("decode_reps", "2"), ("memory_reps", 1)):
             if getattr(args, name) == p.get_default(name):
                 setattr(args, name, value)
+    args.dims = args.dims or "base"
+    if args.dims not in ARCHS:
+        raise SystemExit(f"--dims {args.dims}: one of {', '.join(ARCHS)} (a list only with --regime)")
     if args.floater_every < 2:
         raise SystemExit("--floater-every must be >= 2 (N = 1 is the exact FLOATER, always measured)")
     lengths = parse_lengths(args.lengths)
@@ -126,6 +128,7 @@ def main_regime(p, args):
                             ("warmup", 1), ("updates", 2), ("decode_max_tokens", 256), ("decode_batches", 1)):
             if getattr(args, name) == p.get_default(name):
                 setattr(args, name, value)
+    args.dims = args.dims or "base,big"
     if args.clock is None:
         args.clock = "cpu" if args.device == "cpu" else "wall"
     check_args(args)
