@@ -314,3 +314,29 @@ def test_the_regime_reports_tokens_per_second_ratios_and_flops(tmp_path):
         assert all(s * max(x[1], y[1]) <= 384 for s, (x, y) in zip(b["sentences"], b["padded_tokens"]))
     md = out_md.read_text()
     assert "| tiny | bf16 | 384 | rope |" in md and "GFLOP per update" in md
+
+
+def test_a_regime_run_cut_short_leaves_the_groups_it_measured(tmp_path, monkeypatch):
+    """The report is rewritten after every (dims, precision, max tokens) group but the last, marked partial: a run
+    killed at its cap (gpu_check's section d) keeps what it finished; here the second group raises in its place."""
+    from tooling import bench_regime
+
+    measure = bench_regime.measure
+
+    def cut_at_the_second_group(args, trainers, names, dictionary, pairs, dims, precision, max_tokens, *rest):
+        if max_tokens == 512:
+            raise KeyboardInterrupt("killed at its cap")
+        return measure(args, trainers, names, dictionary, pairs, dims, precision, max_tokens, *rest)
+
+    monkeypatch.setattr(bench_regime, "measure", cut_at_the_second_group)
+    import bench as cli  # scripts/bench.py
+
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["--regime", "--quick", "--silent", "--device", "cpu", "--max-tokens", "384,512", "--models", "rope",
+                  "--updates", "1", "--warmup", "0", "--no-decode", "--out-json", str(out_json), "--out-md",
+                  str(out_md)])
+    report = json.loads(out_json.read_text())
+    assert report["partial"] == "tiny fp32 512 still to run"
+    assert {(r["model"], r["max_tokens"]) for r in report["rows"]} == {("transformer", 384), ("rope", 384)}
+    assert "**PARTIAL**: tiny fp32 512 still to run" in out_md.read_text()
