@@ -66,12 +66,13 @@ def main(argv=None):
                         "writes results/bench_ops.json/.md unless --out-json/--out-md are given")
     r = p.add_argument_group("the users' regime (--regime; verified on CPU at tiny dims only, not yet run on a GPU)")
     r.add_argument("--regime", action="store_true",
-                   help="a newstest2014-like length mix batched as fairseq-train batches it, fairseq's Trainer, beam 4; "
-                        "tokens/s and ratios per --dims x --precision x --max-tokens (writes results/bench_regime.*)")
+                   help="a newstest2014-like length mix batched as fairseq-train batches it, fairseq's Trainer, "
+                        "beam 4; tokens/s and ratios per --dims x --precision x --max-tokens (writes results/bench_regime.*)")
     r.add_argument("--precision", default="fp32",
                    help="comma-separated, of " + ", ".join(PRECISIONS) + " (fairseq's --amp, --bf16, --fp16); users "
                         "train in bf16 or amp, which gpu_check.sh's section d runs")
-    r.add_argument("--max-tokens", default="8192,16384", help="comma-separated tokens per batch (fairseq's --max-tokens)")
+    r.add_argument("--max-tokens", default="8192,16384",
+                   help="comma-separated tokens per batch (fairseq's --max-tokens)")
     r.add_argument("--updates", type=int, default=5, help="timed updates of each model per group (after --warmup)")
     r.add_argument("--decode-max-tokens", type=int, default=8000,
                    help="source tokens per decoding batch (scripts/evaluate.sh's --max-tokens)")

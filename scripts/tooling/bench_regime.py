@@ -140,7 +140,8 @@ def run_regime(args, progress=None):
     pairs = length_mix.load_pairs()
     rate = matmul_rate(device)
     log(f"regime: bf16 matmul {rate['flops_per_s'] / 1e12:.2f} TFLOP/s (n = {rate['n']})")
-    res = {"kind": "regime", "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(device),
+    res = {"kind": "regime", "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+           "machine": machine(device),
            "source": source_state(), "settings": settings(args), "matmul_bf16": rate,
            "length_mix": {"file": length_mix.LENGTHS_FILE.name, "pairs": len(pairs),
                           "mean_source": sum(s for s, _ in pairs) / len(pairs),
