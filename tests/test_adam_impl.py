@@ -130,6 +130,14 @@ def test_half_parameters_take_fairseqs_own_step(monkeypatch):
     assert difference(results[0], results[1]) <= ROUNDING
 
 
+def test_the_default_stays_fairseqs_own_adam():
+    from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig, TorchAdam
+
+    cfg = FairseqAdamConfig(lr=[1e-3], adam_betas="(0.9, 0.98)", tpu=False)
+    assert cfg.adam_impl == "fairseq"
+    assert not isinstance(FairseqAdam(cfg, [torch.nn.Parameter(torch.zeros(3))]).optimizer, TorchAdam)
+
+
 def test_what_torch_cannot_do_is_refused_in_one_line():
     from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 
