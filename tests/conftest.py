@@ -156,7 +156,8 @@ def on_the_diagonal(item):
 # the toy models (pipeline's Transformer, hub's relative and FLOATER, which test_precision_decode and test_learning
 # read well after hub: asked for at once, one worker would wait a 12-epoch training out).
 COSTLIEST_FIRST = ("test_multi30k_study", "test_pipeline", "test_multi30k_study_schemes", "test_hub",
-                   "test_multi30k_study_train_short", "test_precision", "test_floater_cuda_graph",
+                   "test_multi30k_study_train_short", "test_campaign", "test_precision", "test_adam_impl",
+                   "test_floater_cuda_graph",
                    "test_distributed", "test_fairseq_patch",
                    "test_gpu_bundle", "test_slurm", "test_multi30k_study_retrain", "test_multi30k_smoke",
                    "test_precision_decode", "test_bad_input", "test_readme", "test_learning", "test_position_schemes",
