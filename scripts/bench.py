@@ -19,7 +19,7 @@ import torch
 
 from tooling.atomic import write_text
 from tooling.bench import run
-from tooling.bench_models import ARCHS, FLEX_NAMES, SCHEME_NAMES
+from tooling.bench_models import ARCHS, SCHEME_NAMES
 from tooling.bench_ops import count_ops
 from tooling.bench_timing import CLOCKS, parse_lengths
 from tooling.bench_regime import PRECISIONS, check_args, run_regime
@@ -45,8 +45,7 @@ def main(argv=None):
     p.add_argument("--decode-reps", default="3", help="timed decoding calls of each model: one number or one per length")
     p.add_argument("--models", default="relative,floater,floater_cached",
                    help="compared with the transformer: any of relative, floater, floater_cached (needs floater), "
-                        "floater_graph (FLOATER with --floater-cuda-graph: --device cuda), " + ", ".join(SCHEME_NAMES)
-                        + "; with --attention-backend flex: " + ", ".join(FLEX_NAMES))
+                        "floater_graph (FLOATER with --floater-cuda-graph: --device cuda), " + ", ".join(SCHEME_NAMES))
     p.add_argument("--floater-every", type=int, default=100, help="N of the cached FLOATER (--floater-update-every N)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--clock", choices=CLOCKS, default=None,

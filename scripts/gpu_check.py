@@ -2,19 +2,19 @@
 
 Made for a lease of 15 minutes of device time (machine start included, at most 10 minutes a command). The default
 call runs the correctness sections a, b and c (caps 480 s; ≤ 9.7 minutes with the set-up and data/toy's
-preparation, capped at 30 s); the speed sections d and e are a second call, ``--sections bench,fused``
-(≤ 7.2 minutes), and f another, ``--sections invariance``. Each section runs in its own process (this script
+preparation, capped at 30 s); the speed section d is a second call, ``--sections bench`` (≤ 3 minutes), and f
+another, ``--sections invariance``. Each section runs in its own process (this script
 with ``--section NAME``), killed with everything it started at its cap (``--cap NAME=SECONDS``):
 
 a. ``machine`` (20 s): GPU, driver, CUDA, torch, Python.
 b. ``floater_graph`` (100 s): FLOATER's CUDA-graph solve against its loop (tooling/gpu_graph.py).
 c. ``precision`` (360 s): every arch × --fp16 / --bf16 / --amp on the toy task against fp32.
 d. ``bench`` (180 s): scripts/bench.py --device cuda, FLOATER with and without CUDA graphs.
-e. ``fused`` (250 s): Shaw's, T5's and ALiBi's attention on --attention-backend flex against today's path.
+(e. ``fused``, FlexAttention against today's path, was removed with --attention-backend flex.)
 f. ``invariance`` (240 s): every scheme alone vs batched in fp32 and bf16; one seed trained twice.
 
 What each measures and its bounds: docs/benchmarks.md ("On a machine with one GPU"); the code: tooling/gpu_common.py
-(caps, bounds), tooling/gpu_graph.py (b), tooling/gpu_sections.py (a, c-f, each in its process), tooling/gpu_report.py
+(caps, bounds), tooling/gpu_graph.py (b), tooling/gpu_sections.py (a, c, d, f; a process each), tooling/gpu_report.py
 (report, verdicts), tooling/supervise.py (process groups). results/gpu_check.md and .json are written before the
 first section and rewritten (atomically) the moment each section ends: a section that raises or exceeds its cap
 records its reason beside the rows it had written, and the run goes on with the next. The exit status is 1 if any
@@ -64,7 +64,7 @@ def main(argv=None):
                    help="precision runs at a time (default: one per CPU core on the GPU, 2 in a dry run)")
     p.add_argument("--sections", default=",".join(FIRST_CALL),
                    help=f"comma-separated, run in the order of {', '.join(SECTIONS)}, or all (default: "
-                        f"{','.join(FIRST_CALL)}; the second call: bench,fused)")
+                        f"{','.join(FIRST_CALL)}; the second call: bench)")
     p.add_argument("--cap", action="append", default=[], metavar="NAME=SECONDS",
                    help="a section's time cap (defaults: " + ", ".join(f"{n} {c}" for n, (_, c) in SECTIONS.items())
                         + "; --dry-run: " + ", ".join(f"{n} {c}" for n, c in DRY_CAPS.items()) + ")")

@@ -19,8 +19,8 @@ from helpers.small_task import small_data
 from tooling.gpu_report import verdicts
 
 TITLES = ["## a. Machine", "## b. FLOATER's CUDA-graph solve against the loop",
-          "## c. Every arch × precision on the toy task", "## d. Benchmark: the users' regime; FLOATER with and without CUDA graphs",
-          "## e. Fused attention: Shaw, T5 and ALiBi on FlexAttention against today's path"]
+          "## c. Every arch × precision on the toy task",
+          "## d. Benchmark: the users' regime; FLOATER with and without CUDA graphs"]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,9 @@ def data(tmp_path_factory):
 
 
 def test_dry_run_of_the_first_call_writes_its_sections(data, tmp_path):
-    """The default call is the correctness sections a, b, c (the speed sections are a second call, below: the five
-    did not fit one command of the third H100 run); each writes its rows, and the report names the second call."""
+    """The default call is the correctness sections a, b, c (the speed section is a second call, below: the
+    sections did not fit one command of the third H100 run); each writes its rows, and the report names the second
+    call."""
     out = tmp_path / "out"
     proc = gpu_check("--dry-run", "--out-dir", str(out), "--data", str(data / "bin"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -38,8 +39,8 @@ def test_dry_run_of_the_first_call_writes_its_sections(data, tmp_path):
     report = json.loads((out / "gpu_check.json").read_text())
     assert md.startswith("# GPU check — DRY RUN on CPU")
     positions = [md.index(title) for title in TITLES[:3]]  # in priority order
-    assert positions == sorted(positions) and TITLES[3] not in md and TITLES[4] not in md
-    assert "a second call: `scripts/gpu_check.sh --sections bench,fused --out-dir DIR`" in md
+    assert positions == sorted(positions) and TITLES[3] not in md and "## e." not in md
+    assert "a second call: `scripts/gpu_check.sh --sections bench --out-dir DIR`" in md
     sections = report["sections"]
     assert list(sections) == ["machine", "floater_graph", "precision"]
     assert all(s["status"] == "completed" and s["seconds"] <= s["cap_s"] for s in sections.values()), sections
@@ -73,18 +74,17 @@ def test_dry_run_of_the_first_call_writes_its_sections(data, tmp_path):
 
 def test_a_failing_section_leaves_the_others_and_fails_the_run(data, tmp_path):
     """A section that raises is one report row with the exception's last line; the sections before and after it
-    (here the speed sections d and e, the second call's) are in the report with their rows, and the exit status
-    is 1."""
+    (here the speed section d, the second call's) are in the report with their rows, and the exit status is 1."""
     out = tmp_path / "out"
     proc = gpu_check("--dry-run", "--out-dir", str(out), "--data", str(data / "bin"),
-                     "--sections", "machine,floater_graph,bench,fused",
+                     "--sections", "machine,floater_graph,bench",
                      extra_env={"GPU_CHECK_FAIL_SECTION": "floater_graph"})
     assert proc.returncode == 1, proc.stderr[-3000:]
     md = (out / "gpu_check.md").read_text()
     report = json.loads((out / "gpu_check.json").read_text())
     sections = report["sections"]
     assert [(n, s["status"]) for n, s in sections.items()] == [
-        ("machine", "completed"), ("floater_graph", "failed"), ("bench", "completed"), ("fused", "completed")]
+        ("machine", "completed"), ("floater_graph", "failed"), ("bench", "completed")]
     ratios = {r["model"]: r for r in sections["bench"]["rows"] if r["kind"] == "ratio"}
     assert set(ratios) == {"transformer", "floater", "floater_graph"}
     assert ratios["floater_graph"]["graph_buckets"] > 0 and ratios["floater"]["graph_buckets"] is None
@@ -93,11 +93,6 @@ def test_a_failing_section_leaves_the_others_and_fails_the_run(data, tmp_path):
     assert set(regime) == {(p, m) for p in ("bf16", "amp") for m in ("transformer", "floater")}
     assert all(r["tokens_per_s"] > 0 and r["train_ratio"] > 0 and r["gflop_per_update"] > 0 for r in regime.values())
     assert "| floater | tiny | amp | 512 |" in md and (out / "gpu_check_regime.md").exists()
-    # e.: every scheme on flex and on today's path trained, beside the Transformer, and the goals' table
-    fused = {r["model"]: r for r in sections["fused"]["rows"] if r["kind"] == "ratio"}
-    assert set(fused) == {"transformer", "relative", "relative_flex", "t5", "t5_flex", "alibi", "alibi_flex"}
-    assert all(r["train_ratio"] > 0 for r in fused.values()), fused
-    assert "| relative | 32 |" in md and "flex within its goals" in md and (out / "gpu_check_fused.md").exists()
     no_machine_paths(out, tmp_path)
     reason = "RuntimeError: failure injected into section floater_graph (GPU_CHECK_FAIL_SECTION)"
     assert sections["floater_graph"]["reason"] == reason
@@ -105,7 +100,7 @@ def test_a_failing_section_leaves_the_others_and_fails_the_run(data, tmp_path):
     assert "python 3." in md and "| floater_graph | 32 |" in md  # the other sections' rows
     assert TITLES[2] not in md  # not asked for
     # the command as asked (a rerun of some sections says so), without the machine's paths
-    assert "Command: `scripts/gpu_check.sh --dry-run --sections machine,floater_graph,bench,fused`" in md
+    assert "Command: `scripts/gpu_check.sh --dry-run --sections machine,floater_graph,bench`" in md
     failed = [v["check"] for v in report["verdicts"] if not v["passed"]]
     assert failed == [f"b. FLOATER's CUDA-graph solve against the loop: {reason}"]
     assert proc.stderr.strip().splitlines()[-1].startswith("FAILED: b. FLOATER's CUDA-graph solve")
@@ -148,10 +143,10 @@ def test_a_section_past_its_cap_is_killed_and_reported(tmp_path):
 def test_bad_flags_are_one_line(tmp_path):
     for argv, message in [(["--cap", "precision=soon"], "--cap precision=soon: expected a positive number of seconds"),
                           (["--cap", "decode=10"], "--cap decode=10: expected NAME=SECONDS with NAME one of machine, "
-                                                   "floater_graph, precision, bench, fused, invariance"),
+                                                   "floater_graph, precision, bench, invariance"),
                           (["--sections", "machine,gpu"], "--sections machine,gpu: expected some of "
-                                                          "machine,floater_graph,precision,bench,fused,"
-                                                          "invariance, or all"),
+                                                          "machine,floater_graph,precision,bench,invariance, "
+                                                          "or all"),
                           (["--models", "rope,fourier"], "--models rope,fourier: unknown model 'fourier' (expected "
                                                          f"some of {' '.join(SCHEME_MODELS)})")]:
         proc = gpu_check("--dry-run", "--out-dir", str(tmp_path / "out"), *argv, timeout=120)
@@ -177,9 +172,7 @@ def test_a_check_out_of_bounds_fails_the_run():
         "floater_graph": section({"kind": "solve", "positions": 21, "values": 0.0, "gradients": 1e-7}, trainer,
                                  *orders),
         "precision": section({"kind": "precision", "ok": True, "train_loss": 5.0, "fp32_loss": 5.1}),
-        "bench": section({"kind": "bench"}, {"kind": "ratio", "model": "floater_graph", "graph_buckets": 1}),
-        "fused": section({"kind": "bench"}, *({"kind": "ratio", "model": f"{m}_flex", "train_ratio": 1.3}
-                                              for m in ("relative", "t5", "alibi")))}}
+        "bench": section({"kind": "bench"}, {"kind": "ratio", "model": "floater_graph", "graph_buckets": 1})}}
     assert all(v["passed"] for v in verdicts(report))
 
     def failed(section_name, *rows, **status):
@@ -204,9 +197,6 @@ def test_a_check_out_of_bounds_fails_the_run():
         "every arch × precision trains and decodes; loss vs fp32 (relative)"]
     assert failed("bench", {"kind": "bench"}, {"kind": "ratio", "model": "floater_graph", "graph_buckets": 0}) == [
         "benchmark ran; floater_graph captured at every length"]
-    # flex's goals are not the verdict's: a slow flex passes; a scheme that did not train on it fails
-    assert failed("fused", {"kind": "bench"}, {"kind": "ratio", "model": "t5_flex", "train_ratio": 1.3}) == [
-        "fused attention: every scheme trained on flex"]
     assert failed("machine", status="timed out", reason="timed out after 20 s") == [
         "t: timed out after 20 s"]
     # f.: each scheme within the CPU's bound or twice fairseq's Transformer's on the same GPU; one seed twice alike

@@ -46,9 +46,8 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ._base import RECORD, PluginTransformerModel, encode_record
-from ._config import add_attention_backend_arg, as_namespace
+from ._config import as_namespace
 from ..flags import FlagError, OneLineFlag, one_of
-from ..modules.fused_attention import check_backend
 from ..modules.positional_attention import PositionalCrossAttention, PositionalSelfAttention, one_bias_per_forward
 from ..schemes import FAMILY_SCHEMES, POSITION_TRANSFORMER, SCHEMES, SIZES
 
@@ -77,7 +76,6 @@ def add_position_args(parser):
                                               f"scheme: {NO_PRIOR} (default) or {', '.join(CROSS_PRIORS)}")
     for cls in SCHEME_CLASSES:
         cls.add_args(parser)
-    add_attention_backend_arg(parser)
 
 
 def check_flags_act(args, encoder, decoder):
@@ -147,8 +145,7 @@ def _positional(layer_base):
             heads = cfg.decoder.attention_heads if issubclass(layer_base, TransformerDecoderLayerBase) \
                 else cfg.encoder.attention_heads
             return PositionalSelfAttention(embed_dim, heads, self.position_scheme, dropout=cfg.attention_dropout,
-                                           q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
-                                           attention_backend=getattr(cfg, "attention_backend", None) or "sdpa")
+                                           q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
 
     Layer.__name__ = f"Positional{layer_base.__name__.replace('Base', '')}"
     return Layer
@@ -359,7 +356,6 @@ class PositionTransformerModel(PluginTransformerModel):
                            "<scheme>_transformer_tiny, _wmt_en_de, _vaswani_wmt_en_de_big or _vaswani_wmt_en_fr_big")
         if args.cross_self_attention:
             raise ValueError("position_transformer does not support --cross-self-attention")
-        check_backend(args.attention_backend, args.attention_dropout)
         for side, scheme in (("encoder", encoder), ("decoder", decoder)):
             if args.no_token_positional_embeddings and scheme.cls.embeds(args):
                 raise FlagError(f"--no-token-positional-embeddings contradicts the {side}'s position scheme "
@@ -407,7 +403,6 @@ def position_transformer(args):
     args.cross_position_prior = getattr(args, "cross_position_prior", None) or NO_PRIOR
     for cls in SCHEME_CLASSES:  # every scheme's: a checkpoint's arguments hold them all, whatever its schemes
         cls.defaults(args)
-    args.attention_backend = getattr(args, "attention_backend", None) or "sdpa"
     base_architecture(args)
 
 

@@ -11,7 +11,7 @@ parameters; nothing in cross-attention.
 
 Mapping to code: ``alibi_slopes(H)`` is m; ``ALiBi.score_bias(q_pos, k_pos, dtype)`` returns −m_h·|i − j| as
 (heads, T, S) in dtype (float32, or float64 for a float64 model: not the model's half precision) for
-``PositionalSelfAttention``; ``flex_score_mod`` the same bias for FlexAttention.
+``PositionalSelfAttention``.
 """
 
 import math
@@ -55,11 +55,3 @@ class ALiBi(PositionScheme):
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         distance = (q_pos[:, None] - k_pos[None, :]).abs().to(dtype)
         return -self.slopes(q_pos.device, dtype).view(-1, 1, 1) * distance  # (H, T, S)
-
-    def flex_score_mod(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32):
-        """FlexAttention's score_mod adding −m_h·|i − j| (positions are the indices: a full forward, no cache)."""
-
-        def score_mod(score, b, h, i, j, slopes):
-            return score - slopes[h] * (i - j).abs()
-
-        return score_mod, (self.slopes(q_pos.device, dtype),)

@@ -22,16 +22,13 @@ incremental-state layout, so fairseq's beam reordering works unchanged) with one
 cached at the first decoding step), then calls
 torch's fused ``scaled_dot_product_attention`` (``fused_attention.biased_sdpa``) with the bias added to
 fairseq's masks as one float mask ((H, T, S), or (B, H, T, S) with padding or a per-sentence prior); the explicit
-softmax path runs only when the attention weights are asked for. ``attention_backend="flex"``
-(``--attention-backend flex``) runs the self-attention score biases through FlexAttention instead
-(``fused_attention.py``), except while decoding step by step; the cross-attention prior keeps SDPA. The scheme
-object is shared by all layers of a stack and owned by the stack (a T5 table is one set of parameters per stack;
-the prior is the decoder's), and so is its self-attention bias: computed by the first layer of each forward of the
-stack and reused by the others (``one_bias_per_forward``, which the stacks open); parameters a scheme keeps per
-layer (``layer_parameters``: Shaw's tables) are each self-attention's own. A scheme that owns the product
-(``owns_product``: Shaw's relative keys and values) gets q, k, v after the cache, the masks (a FlexAttention mask
-under ``--attention-backend flex``) and the dropout probability from this forward (``attend``) and hands back z,
-which is projected here.
+softmax path runs only when the attention weights are asked for. The scheme object is shared by all layers of a
+stack and owned by the stack (a T5 table is one set of parameters per stack; the prior is the decoder's), and so is
+its self-attention bias: computed by the first layer of each forward of the stack and reused by the others
+(``one_bias_per_forward``, which the stacks open); parameters a scheme keeps per layer (``layer_parameters``: Shaw's
+tables) are each self-attention's own. A scheme that owns the product (``owns_product``: Shaw's relative keys and
+values) gets q, k, v after the cache, the masks and the dropout probability from this forward (``attend``) and hands
+back z, which is projected here.
 """
 
 from contextlib import contextmanager
@@ -42,7 +39,7 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from .fused_attention import bias_score_mod, biased_sdpa, check_backend, flex, flex_mask
+from .fused_attention import biased_sdpa
 from .position_scheme import PositionScheme
 
 STEP = "prior_step"  # the cross-attention's incremental state: the next decoder position, (B,) long
@@ -67,17 +64,15 @@ class PositionalAttention(MultiheadAttention):
     """The one forward; a subclass gives q, k, v with their positions (``_project``) and the bias (``_bias``)."""
 
     def __init__(self, embed_dim: int, num_heads: int, scheme, dropout: float = 0.0, q_noise: float = 0.0,
-                 qn_block_size: int = 8, attention_backend: str = "sdpa", projector=None, **kwargs):
+                 qn_block_size: int = 8, projector=None, **kwargs):
         super().__init__(embed_dim, num_heads, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
                          **kwargs)
-        check_backend(attention_backend, dropout)
         object.__setattr__(self, "scheme", scheme)  # the stack's: not a submodule of every layer
         # the stack's scheme where it biases the projections (FLOATER), which it then runs (``_proj``)
         projector = projector if projector is not None and projector.projects else None
         object.__setattr__(self, "projector", projector)
         if projector is not None:
             projector.attach(self)
-        self.attention_backend = attention_backend
 
     def _proj(self, name: str, x: Tensor) -> Tensor:  # (T, B, C) → (T, B, C)
         if self.projector is None:
@@ -101,12 +96,7 @@ class PositionalAttention(MultiheadAttention):
         src_len = k.size(2)
         scheme, weighted = self.scheme, need_weights or need_head_weights
         dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
-        # FlexAttention's score_mod reads one bias for the batch: not per-sentence positions (SDPA takes those)
-        flex_ok = (self.attention_backend == "flex" and not self.encoder_decoder_attention and saved is None
-                   and not (weighted or before_softmax) and (attn_mask is None or attn_mask.dim() == 2)
-                   and positions.dim() == 1)
-        mask = (flex_mask(attn_mask, key_padding_mask) if flex_ok
-                else additive_mask(attn_mask, key_padding_mask, bsz, self.num_heads, tgt_len, src_len, q.dtype))
+        mask = additive_mask(attn_mask, key_padding_mask, bsz, self.num_heads, tgt_len, src_len, q.dtype)
         exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
         weights = None
         if scheme.owns_product:  # the scheme's own product (Shaw); heads, cache, masks, dropout, projection: here
@@ -114,9 +104,6 @@ class PositionalAttention(MultiheadAttention):
                 logits = scheme.scores(self, q, k)
                 return self._before_softmax(logits if mask is None else logits + mask, v)
             out, weights = scheme.attend(self, q, k, v, mask, dropout_p, weighted)  # weights (B, H, T, S) or None
-        elif flex_ok:
-            score_mod, buffers = bias_score_mod(scheme, tgt_len, src_len, query.device, exact)
-            out, _ = flex(q, k, v, score_mod, buffers, mask, scale=self.scaling)
         else:
             bias = self._bias(positions, key_padding_mask, src_len, exact)  # (H, T, S) or (B, H, T, S)
             if weighted or before_softmax:
@@ -147,9 +134,9 @@ class PositionalAttention(MultiheadAttention):
 
 class PositionalSelfAttention(PositionalAttention):
     def __init__(self, embed_dim: int, num_heads: int, scheme, dropout: float = 0.0, q_noise: float = 0.0,
-                 qn_block_size: int = 8, attention_backend: str = "sdpa"):
+                 qn_block_size: int = 8):
         super().__init__(embed_dim, num_heads, scheme, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
-                         attention_backend=attention_backend, projector=scheme, self_attention=True)
+                         projector=scheme, self_attention=True)
         for name, parameter in scheme.layer_parameters().items():  # this layer's own (Shaw's tables)
             self.register_parameter(name, parameter)
 

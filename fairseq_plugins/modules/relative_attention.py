@@ -22,8 +22,8 @@ Mapping to code: ``ShawRelative`` is the scheme (``position_scheme.py``'s contra
 tables (``layer_parameters``: each self-attention's ``relative_keys``, ``relative_values``) and the product
 (``attend``, ``scores``); ``PositionalSelfAttention`` splits the heads, keeps the cache, builds the masks, picks the
 dropout and projects the output; ``RelativeMultiheadAttention`` is that attention with a Shaw scheme of its own.
-``attention_backend="flex"``: ``fused_attention.shaw_flex`` (docs/fused_attention.md). Why k = 0 carries no
-position, how sum_by_offset needs no scatter, and what the buffers cost: docs/position_schemes.md.
+Why k = 0 carries no position, how sum_by_offset needs no scatter, and what the buffers cost:
+docs/position_schemes.md.
 """
 
 import contextlib
@@ -36,7 +36,6 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ..flags import Flag, FlagError, boolean
-from .fused_attention import FlexMask, shaw_flex
 from .position_scheme import PositionScheme
 from .positional_attention import PositionalSelfAttention
 
@@ -249,12 +248,11 @@ def _clipping_distance(text):
 
 class ShawRelative(PositionScheme):
     """Shaw et al.'s relative keys and values as a scheme of ``position_transformer`` (the equations above): it
-    owns the attention product (``attend``: ``RelativeAttention``, or ``shaw_flex`` with FlexAttention), and its
-    tables w^K, w^V are one pair per layer, as in the paper (``layer_parameters``: each attention's
-    ``relative_keys`` and ``relative_values``, the state-dict keys ``relative_transformer`` always wrote). No
-    absolute positions by default (the paper's models are "relative only", §4.1; adding sinusoids gave no
-    benefit): fairseq's embedding only with --relative-add-absolute-positions (its learned table with
-    --encoder/decoder-learned-pos).
+    owns the attention product (``attend``: ``RelativeAttention``), and its tables w^K, w^V are one pair per layer,
+    as in the paper (``layer_parameters``: each attention's ``relative_keys`` and ``relative_values``, the
+    state-dict keys ``relative_transformer`` always wrote). No absolute positions by default (the paper's models
+    are "relative only", §4.1; adding sinusoids gave no benefit): fairseq's embedding only with
+    --relative-add-absolute-positions (its learned table with --encoder/decoder-learned-pos).
 
     Its architectures keep their names, ``relative_transformer[_wmt_en_de|_vaswani_wmt_en_de_big|
     _vaswani_wmt_en_fr_big|_tiny]``, with the paper's §4.1 settings each pins (``size_defaults``): fairseq's dims,
@@ -346,9 +344,8 @@ class ShawRelative(PositionScheme):
 
     def attend(self, attention, q, k, v, mask, dropout_p, need_weights):
         """z (B, H, T, d) and α (B, H, T, S) (float32 at least; None unless need_weights) by ``RelativeAttention``
-        (written-out backward, no (T, S, d) tensor), or by ``shaw_flex`` where mask is a FlexMask. Under autocast
-        every product runs in the autocast dtype, as autocast would run them (the autograd function is outside
-        autocast's reach)."""
+        (written-out backward, no (T, S, d) tensor). Under autocast every product runs in the autocast dtype, as
+        autocast would run them (the autograd function is outside autocast's reach)."""
         B, H, T, d = q.shape
         S = k.size(2)
         tensors = (q * attention.scaling, k, v, attention.relative_keys, attention.relative_values)
@@ -358,8 +355,6 @@ class ShawRelative(PositionScheme):
                 dtype = torch.get_autocast_dtype(device_type)
                 tensors = tuple(None if t is None else t.to(dtype) for t in tensors)
                 stack.enter_context(torch.autocast(device_type, enabled=False))
-            if isinstance(mask, FlexMask):
-                return shaw_flex(*tensors, self.max_relative_positions, mask), None
             q, k, v = (t.reshape(B * H, -1, d) for t in tensors[:3])
             index = relative_index(self.max_relative_positions, T, S, q.device)
 
@@ -381,17 +376,15 @@ class RelativeMultiheadAttention(PositionalSelfAttention):
         relative_keys: learn w^K (a^K in the scores).
         relative_values: learn w^V (a^V in the outputs).
         per_head: one (2k+1, d_z) table per head, shape (H, 2k+1, d_z); otherwise one table shared by all heads.
-        attention_backend: "sdpa" (``RelativeAttention``, the default) or "flex" (``fused_attention.shaw_flex``:
-            FlexAttention, no (T, S) tensor; incremental decoding keeps ``RelativeAttention``).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, max_relative_positions: int, relative_keys: bool = True,
                  relative_values: bool = True, per_head: bool = True, dropout: float = 0.0, q_noise: float = 0.0,
-                 qn_block_size: int = 8, attention_backend: str = "sdpa"):
+                 qn_block_size: int = 8):
         scheme = ShawRelative(num_heads, embed_dim // num_heads, max_relative_positions, relative_keys,
                               relative_values, per_head)
         super().__init__(embed_dim, num_heads, scheme, dropout=dropout, q_noise=q_noise,
-                         qn_block_size=qn_block_size, attention_backend=attention_backend)
+                         qn_block_size=qn_block_size)
 
     @property
     def max_relative_positions(self):

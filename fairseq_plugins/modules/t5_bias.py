@@ -22,10 +22,9 @@ with EOS) reaches neither the encoder's buckets for |n| ≥ 64 (14, 15, 30, 31) 
 (25 to 31): a longer test sentence meets them.
 
 Mapping to code: ``relative_bucket`` is bucket(·); ``T5Bias.score_bias(q_pos, k_pos)`` returns β[bucket] as
-(heads, T, S), which ``PositionalSelfAttention`` adds to its logits (``flex_score_mod``: the same for
-FlexAttention). T5 folds 1/sqrt(d_z) into its weight initialisation; here fairseq's scaling stays, so the bias
-adds to the scaled logits. No bias in the cross-attention (T5 has none there: source and target positions are
-not comparable).
+(heads, T, S), which ``PositionalSelfAttention`` adds to its logits. T5 folds 1/sqrt(d_z) into its weight
+initialisation; here fairseq's scaling stays, so the bias adds to the scaled logits. No bias in the
+cross-attention (T5 has none there: source and target positions are not comparable).
 """
 
 import math
@@ -100,14 +99,3 @@ class T5Bias(PositionScheme):
         buckets = relative_bucket(k_pos[None, :] - q_pos[:, None], self.bidirectional, self.num_buckets,
                                   self.max_distance)
         return self.bias(buckets).permute(2, 0, 1)  # (T, S, H) → (H, T, S), in the table's dtype
-
-    def flex_score_mod(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32):
-        """FlexAttention's score_mod adding β_h[bucket(j − i)], with the tensors it reads: the (T, S) buckets and
-        the table, whose gradient flows through the kernel."""
-        buckets = relative_bucket(k_pos[None, :] - q_pos[:, None], self.bidirectional, self.num_buckets,
-                                  self.max_distance)
-
-        def score_mod(score, b, h, i, j, buckets, table):
-            return score + table[buckets[i, j], h]
-
-        return score_mod, (buckets, self.bias.weight)

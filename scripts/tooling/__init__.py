@@ -23,7 +23,7 @@ scripts/setup_env.sh puts scripts/ on the venv's path for tests and other import
     tooling.supervise  a command in a process group of its own, output pumped, killed with all it started at a cap
     tooling.gpu_common  the GPU check's sections, caps and bounds, and its small helpers (scripts/gpu_check.py)
     tooling.gpu_graph  the GPU check's section b: FLOATER's CUDA-graph solve against its loop
-    tooling.gpu_sections  the GPU check's sections a, c-f, and each section run in its own process under its cap
+    tooling.gpu_sections  the GPU check's sections a, c, d, f, and each section run in its own process under its cap
     tooling.gpu_report  the GPU check's report (markdown, json) and its verdicts
     tooling.campaign  the GPU campaign's runs, jobs, concurrency, archives and manifest (scripts/campaign.py)
 

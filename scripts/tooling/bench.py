@@ -195,8 +195,9 @@ def train_phase(p, bundles, T, sample):
     args, names, cached, rows = p.args, p.names, p.cached, p.rows
     times = {n: [] for n in names}  # (wall, cpu) pairs
     solve_times = []  # the cached model's updates that re-solved (excluded from its cached median)
-    # graphs that torch.compile made during each model's updates (flex's kernels): in the warm-up they are its
-    # compiles; in the timed updates any would be recompiles, which would make those times a compile's
+    # graphs that torch.compile made during each model's updates (none of today's models compiles; a guard): in the
+    # warm-up they are its compiles; in the timed updates any would be recompiles, which would make those times a
+    # compile's
     for _ in range(args.warmup):
         for n in names:
             with counting_graphs(rows[n, T], "compiled_graphs_warmup"):

@@ -38,8 +38,6 @@ ARCHS = {dims: {name: (scheme.arch(dims), list(scheme.flags) + (BASE_FFN if dims
                 for name, scheme in SCHEME_TABLE.items()}
          for dims in ("base", "big", "tiny")}
 SCHEME_NAMES = tuple(n for n in SCHEME_TABLE if n not in ("transformer", "relative", "floater"))
-# --attention-backend flex (FlexAttention) of Shaw's attention and the score-bias schemes: <model>_flex
-FLEX_NAMES = tuple(f"{n}_flex" for n, s in SCHEME_TABLE.items() if s.kind in ("relative vectors", "score bias"))
 BASELINE = "transformer"
 GRAPH = "floater_graph"  # the exact FLOATER with --floater-cuda-graph
 
@@ -57,8 +55,6 @@ def model_specs(dims, floater_every, archs=None):
         GRAPH: (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1", "--floater-cuda-graph"],
                 "floater"),
         **{name: (*archs[name], name) for name in SCHEME_NAMES},
-        **{name: (archs[name[:-5]][0], archs[name[:-5]][1] + ["--attention-backend", "flex"], name[:-5])
-           for name in FLEX_NAMES},
     }
 
 

@@ -21,32 +21,29 @@ DECODE_SHARDS = 5  # section c decodes shard 0 of 5: on an H100, 16 jobs at a ti
 TRAINER_MODES = {"fp32": [], "amp": ["--amp"], "fp16": ["--fp16", "--fp16-init-scale", "16"], "bf16": ["--bf16"]}
 
 # The sections in priority order: title and cap (seconds of wall time from the start of its process, imports
-# included). Sized from the third H100 run (results/gpu_check_notes.md), where the five took more than one
-# command: b needs over 70 s in a call's first CUDA process (61 s when run again); c is 60 jobs (15 archs × 4
-# modes), 62-98 s each with 16 side by side, about 300 s in all; d's and e's memory probes are a fresh process
-# each (e: 21, nine compiling flex). So the default call is a, b, c (480 s: with the set-up, 78 s there, and
-# the toy data, under 10 minutes a command) and d, e are a second call (430 s). On the H200 (fourth run) a, b, c
-# took 6, 72 and 302 s and e 171 s, but d did not finish in 90 s (nor in 60 s on the H100): its cap is 180 s.
+# included). Sized from the third H100 run (results/gpu_check_notes.md), where they took more than one command:
+# b needs over 70 s in a call's first CUDA process (61 s when run again); c is 60 jobs (15 archs × 4 modes),
+# 62-98 s each with 16 side by side, about 300 s in all; d's memory probes are a fresh process each. So the
+# default call is a, b, c (480 s: with the set-up, 78 s there, and the toy data, under 10 minutes a command) and
+# d is a second call. On the H200 (fourth run) a, b, c took 6, 72 and 302 s, but d did not finish in 90 s (nor in
+# 60 s on the H100): its cap is 180 s. Section e (fused attention: --attention-backend flex against today's path)
+# was removed with that backend, which never won on time (results/gpu_check_notes.md); the other letters keep
+# the meaning they have in the history files (results/gpu_check_*.md).
 SECTIONS = {
     "machine": ("a. Machine", 20),
     "floater_graph": ("b. FLOATER's CUDA-graph solve against the loop", 100),
     "precision": ("c. Every arch × precision on the toy task", 360),
     "bench": ("d. Benchmark: the users' regime; FLOATER with and without CUDA graphs", 180),
-    "fused": ("e. Fused attention: Shaw, T5 and ALiBi on FlexAttention against today's path", 250),
     "invariance": ("f. Batch invariance and replay: every scheme alone vs batched; one seed twice", 240),
 }
-FIRST_CALL = ("machine", "floater_graph", "precision")  # the default; the speed sections d, e: a second call
+FIRST_CALL = ("machine", "floater_graph", "precision")  # the default; the speed section d: a second call
 # The dry run's caps: a small CPU machine shared with other work takes many times an H100's seconds (the dry run
 # itself is ~30 CPU-seconds, ~100 s of wall time on 2 cores under a load of 10)
-DRY_CAPS = {"machine": 60, "floater_graph": 240, "precision": 300, "bench": 240, "fused": 300, "invariance": 300}
-# e.'s goals for --attention-backend flex to become the default: its training update and peak memory as ratios to
-# fairseq's Transformer (issue 37); reported beside the verdict, not part of it (missing them keeps flex opt-in)
-FUSED_MODELS = ("relative", "t5", "alibi")
+DRY_CAPS = {"machine": 60, "floater_graph": 240, "precision": 300, "bench": 240, "invariance": 300}
 # d.'s users' regime (bench.py --regime, bf16 and amp, 16,384 tokens, base dims), beside fairseq's Transformer
 REGIME_MODELS = ("relative", "t5", "alibi", "floater", "rope")
-FUSED_GOALS = {"relative": (1.10, 1.05), "t5": (1.05, 1.05), "alibi": (1.05, 1.05)}  # (train, memory)
-# d.'s and e.'s peak-memory probes at a time, each a fresh process with its own CUDA context (third run: 4 at a
-# time left e without its timings at 160 s)
+# d.'s peak-memory probes at a time, each a fresh process with its own CUDA context (third run: 4 at a time left
+# section e, since removed, without its timings at 160 s)
 MEMORY_WORKERS = 8
 DATA_CAP = 30  # preparing data/toy when it is missing (make_toy_data.py + prepare_bitext.sh; ~10 s)
 # hooks for the tests only: a section that raises, or hangs (with its own process and a child)

@@ -10,8 +10,8 @@ import json
 import time
 
 from tooling.atomic import write_text
-from tooling.gpu_common import (FIRST_CALL, FUSED_GOALS, FUSED_MODELS, GRAPH_MEMORY_MARGIN, INVARIANCE_BOUND,
-                                INVARIANCE_DTYPES, LOSS_BOUND, SECTIONS, SOLVE_BOUND, TRAINER_BOUND)
+from tooling.gpu_common import (FIRST_CALL, GRAPH_MEMORY_MARGIN, INVARIANCE_BOUND, INVARIANCE_DTYPES, LOSS_BOUND,
+                                SECTIONS, SOLVE_BOUND, TRAINER_BOUND)
 
 
 def fmt(x, spec=".3g"):
@@ -147,38 +147,8 @@ def bench_lines(report):
     return lines
 
 
-def fused_lines(report):
-    """Each scheme on flex and on today's path, as ratios to the Transformer, and flex's goals."""
-    bench = rows_of(report, "fused", "bench")
-    lines = [f"`{b['command']}`: the full report is `{b['report']}`." for b in bench]
-    ratios = {(r["model"], r["length"]): r for r in rows_of(report, "fused", "ratio")}
-    if not ratios:
-        return lines
-    lines += ["", "Ratios to fairseq's Transformer; goals of flex (to become the default): Shaw's update ≤ "
-              f"{FUSED_GOALS['relative'][0]:g}×, every score bias' ≤ {FUSED_GOALS['t5'][0]:g}×, peak memory ≤ "
-              f"{FUSED_GOALS['t5'][1]:g}×.", "",
-              "| scheme | T | train: today | train: flex | memory: today | memory: flex | flex ms | flex MiB | "
-              "flex recompiles while timed | flex within its goals |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    lengths = sorted({T for _, T in ratios})
-    for name in FUSED_MODELS:
-        for T in lengths:
-            today, flex = ratios.get((name, T), {}), ratios.get((f"{name}_flex", T))
-            if flex is None:
-                continue
-            train_goal, memory_goal = FUSED_GOALS[name]
-            met = [flex.get("train_ratio"), flex.get("memory_ratio")]
-            verdict = (f"failed: {flex['error']}" if flex.get("error") else "—" if met[0] is None else
-                       "yes" if met[0] <= train_goal and (met[1] is None or met[1] <= memory_goal) else "no")
-            lines.append(f"| {name} | {T} | {fmt(today.get('train_ratio'), '.3f')} | {fmt(met[0], '.3f')} | "
-                         f"{fmt(today.get('memory_ratio'), '.3f')} | {fmt(met[1], '.3f')} | "
-                         f"{fmt(flex.get('train_ms'), '.1f')} | {fmt(flex.get('peak_mib'), '.0f')} | "
-                         f"{fmt(flex.get('compiled_timed'))} | {verdict} |")
-    return lines
-
-
 SECTION_LINES = {"machine": machine_lines, "floater_graph": floater_graph_lines, "precision": precision_lines,
-                 "bench": bench_lines, "fused": fused_lines, "invariance": invariance_lines}
+                 "bench": bench_lines, "invariance": invariance_lines}
 
 
 def markdown(report) -> str:
@@ -193,7 +163,7 @@ def markdown(report) -> str:
               f"{len(done)} of {len(report['selected'])} done; wall time so far {report['seconds'] / 60:.1f} min"
               + (f" (toy data: {report['data']})" if report.get("data") else "") + "."]
     if tuple(report["selected"]) == FIRST_CALL:
-        lines += ["", "The speed sections d and e are a second call: `scripts/gpu_check.sh --sections bench,fused "
+        lines += ["", "The speed section d is a second call: `scripts/gpu_check.sh --sections bench "
                       "--out-dir DIR` (another folder, or it replaces this report)."]
     for name in report["selected"]:
         lines += ["", f"## {SECTIONS[name][0]}", ""]
@@ -274,11 +244,6 @@ def verdicts(report):
         graphed = [r for r in rows_of(report, "bench", "ratio") if r["model"] == "floater_graph"]
         add("benchmark ran; floater_graph captured at every length", "", [],
             rows_of(report, "bench", "bench") and graphed and all(r["graph_buckets"] for r in graphed))
-    if completed("fused"):
-        flex = [r for r in rows_of(report, "fused", "ratio") if r["model"].endswith("_flex")]
-        add("fused attention: every scheme trained on flex", "", [],
-            {r["model"] for r in flex} == {f"{n}_flex" for n in FUSED_MODELS}
-            and all(r["train_ratio"] is not None for r in flex))
     return out
 
 

@@ -1,11 +1,11 @@
-"""The GPU check's sections a and c-f (scripts/gpu_check.py; b is tooling.gpu_graph), and running one: each in a
-process of its own, killed with all it started at its cap.
+"""The GPU check's sections a, c, d and f (scripts/gpu_check.py; b is tooling.gpu_graph; e, fused attention, was
+removed with --attention-backend flex), and running one: each in a process of its own, killed with all it started
+at its cap.
 
     a. machine      GPU, driver, CUDA, torch, Python
     c. precision    every arch × --fp16/--bf16/--amp, 100 updates on the toy task, then beam 4 against fp32's
     d. bench        scripts/bench.py --device cuda: the users' regime (--regime: bf16 and amp, 16,384 tokens, base
                     dims, six schemes); then FLOATER with and without CUDA graphs, beside the Transformer
-    e. fused        scripts/bench.py: Shaw's, T5's and ALiBi's attention on FlexAttention against today's path
     f. invariance   every scheme alone vs batched (tooling.invariance); one seed trained twice
 
     run_section(name, args, cap, data, work)   the parent: the section's process under its cap -> its result
@@ -24,9 +24,9 @@ import time
 import traceback
 from pathlib import Path
 
-from tooling.gpu_common import (DECODE_SHARDS, FAIL_ENV, FUSED_MODELS, HANG_ENV, INVARIANCE_DTYPES, MEMORY_WORKERS,
-                                MODES, PLUGINS, REGIME_MODELS, REPLAY_ARCHS, REPLAY_UPDATES, REPO, SCRIPT, SECTIONS, CheckError,
-                                Rows, last_line, log, model_names, relative)
+from tooling.gpu_common import (DECODE_SHARDS, FAIL_ENV, HANG_ENV, INVARIANCE_DTYPES, MEMORY_WORKERS, MODES, PLUGINS,
+                                REGIME_MODELS, REPLAY_ARCHS, REPLAY_UPDATES, REPO, SCRIPT, SECTIONS, CheckError, Rows,
+                                last_line, log, model_names, relative)
 from tooling.gpu_graph import build_trainer, section_floater_graph
 from tooling.supervise import children_cpu, start_group, wait_capped
 
@@ -206,7 +206,7 @@ def call_bench(rows, args, out_md):
 
 def run_bench(rows, args, out_json, out_md, **extra):
     """scripts/bench.py with args in this process; a "bench" row with its command and a "ratio" row per model and
-    length (extra: row field = bench.py's key, beside the ratios both sections report)."""
+    length (extra: row field = bench.py's key, beside the ratios every row has)."""
     call_bench(rows, args, out_md)
     for r in json.loads(out_json.read_text())["rows"]:
         rows.add("ratio", model=r["model"], length=r["length"], train_ratio=r.get("train_ratio"),
@@ -214,25 +214,6 @@ def run_bench(rows, args, out_json, out_md, **extra):
                  train_ms=None if r.get("train_update_median_s") is None else r["train_update_median_s"] * 1e3,
                  peak_mib=r.get("peak_memory_mib"), error=r.get("error"),
                  **{field: r.get(key) for field, key in extra.items()})
-
-
-# -- e. fused attention --------------------------------------------------------------------------------------
-
-def section_fused(ctx, rows):
-    """scripts/bench.py for Shaw's, T5's and ALiBi's attention on --attention-backend flex and on today's path,
-    beside fairseq's Transformer: training update and peak memory (decoding steps keep today's path: not run)."""
-    out_json, out_md = ctx.out_dir / "gpu_check_fused.json", ctx.out_dir / "gpu_check_fused.md"
-    models = ",".join(m for name in FUSED_MODELS for m in (name, f"{name}_flex"))
-    args = ["--device", ctx.device, "--notes", "", "--out-json", str(out_json), "--out-md", str(out_md),
-            "--models", models, "--no-decode"]
-    if ctx.dry_run:
-        args += ["--dims", "tiny", "--lengths", "32", "--reps", "1", "--warmup", "0", "--vocab", "1000",
-                 "--tokens", "256", "--no-memory"]
-    else:  # the first update at each length compiles the kernels: the warm-up
-        # one profiled update per model at T = 256: where flex's time goes (the second run: 2.6-5.8x today's)
-        args += ["--lengths", "64,256,1024", "--reps", "3", "--warmup", "1", "--memory-reps", "1",
-                 "--memory-workers", str(MEMORY_WORKERS), "--profile-length", "256"]
-    run_bench(rows, args, out_json, out_md, compiled_timed="compiled_graphs_timed")
 
 
 # -- f. batch invariance and replay ---------------------------------------------------------------------------
@@ -292,8 +273,7 @@ def replay_run(data, device, arch, updates):
 
 
 SECTION_FUNCTIONS = {"machine": section_machine, "floater_graph": section_floater_graph,
-                     "precision": section_precision, "bench": section_bench, "fused": section_fused,
-                     "invariance": section_invariance}
+                     "precision": section_precision, "bench": section_bench, "invariance": section_invariance}
 EMULATED = ("floater_graph", "bench")  # the sections whose dry run needs CUDA graphs emulated
 NEED_DATA = ("floater_graph", "precision", "invariance")  # the sections training on the toy task
 
