@@ -24,6 +24,7 @@ over seeds and sentences, each scheme against the Transformer; the length probe'
 TABLES_ONLY=1 where Multi30k is here.
 """
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -116,8 +117,7 @@ class Call:
         cond_vars, _, _ = cp.CONDITIONS[condition]
         if self.args.dry_run:
             return self.work / "data" / condition
-        suffix = "_tok32_joined" if cond_vars else ""
-        return REPO / "data" / f"multi30k_study_ende{suffix}"
+        return default_data_dir(cond_vars)
 
     def write(self):
         self.report["wall_s"] = round(time.time() - self.started)
@@ -216,7 +216,7 @@ def measure(call, condition):
                        MAX_TOKENS="4096", EPOCHS="1000", SEED=str(rank + 1), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         cmd = ["bash", "scripts/train_small.sh", str(call.data_dir(condition) / "bin"), str(save), "transformer_tiny",
                *call.recipe.get("MODEL_ARGS", default_model_args()).split(), "--disable-validation", "--no-save"]
-        procs.append(start_group(cmd, None, __import__("collections").deque(maxlen=20), cwd=REPO, env=env))
+        procs.append(start_group(cmd, None, collections.deque(maxlen=20), cwd=REPO, env=env))
     end = t0 + window * len(levels) + 30
     for proc, pump in procs:
         try:
@@ -296,7 +296,7 @@ def train(call, jobs, per_run_rate, level):
                 queue = []  # in order: the next call takes it
                 break
             queue.pop(0)
-            tail = __import__("collections").deque(maxlen=20)
+            tail = collections.deque(maxlen=20)
             env = call.env(job["condition"], MODELS=" ".join(job["models"]), SEEDS=str(job["seed"]))
             proc, pump = start_group(["bash", str(RECIPE_SH)], None, tail, cwd=REPO, env=env)
             log(f"started {job['name']} (predicted {predicted:.0f} s)")
@@ -345,7 +345,7 @@ def pack_runs(call):
         sub = cp.CONDITIONS[condition][1]
         prefix = f"{sub}/" if sub else ""
         names = {r["run"] for r in call.report["runs"] if r["job"] == job["job"]}
-        names |= {f"transformer.seed{job['job'].rsplit('.seed', 1)[1]}"}  # a retraining's files, if any
+        names.add(f"transformer.seed{job['job'].rsplit('.seed', 1)[1]}")  # a retraining's files, if any
         for name in sorted(names):
             for path, arc in cp.run_files(name, prefix, call.work / "out" / condition,
                                           call.work / "ckpt" / condition):
@@ -404,16 +404,18 @@ def tables(args, manifest, report):
         models = " ".join(dict.fromkeys(r["model"] for r in runs))
         env = {**os.environ, **report["recipe"], **cond_vars, "TABLES_ONLY": "1", "MODELS": models,
                "SEEDS": " ".join(map(str, cp.SEEDS)), "MULTI30K_DIR": str(multi30k),
-               "OUT_DIR": str(Path(args.results) / sub), "DATA_DIR": str(args.data_root / condition)
-               if args.data_root else env_default(cond_vars), "CKPT_ROOT": str(REPO / "checkpoints" / "campaign")}
+               "OUT_DIR": str(Path(args.results) / sub),
+               "DATA_DIR": str(args.data_root / condition if args.data_root else default_data_dir(cond_vars)),
+               "CKPT_ROOT": str(REPO / "checkpoints" / "campaign")}
         proc = subprocess.run(["bash", str(RECIPE_SH)], cwd=REPO, env=env, capture_output=True, text=True)
         if proc.returncode:
             raise cp.CampaignError(f"the tables of {condition}: {proc.stderr.strip()[-400:]}")
         log(f"tables of {condition}: {Path(args.results) / sub}")
 
 
-def env_default(cond_vars):
-    return str(REPO / "data" / ("multi30k_study_ende_tok32_joined" if cond_vars else "multi30k_study_ende"))
+def default_data_dir(cond_vars):
+    """The recipe's own data folder of a condition (the CPU study's: the same sentencepiece model)."""
+    return REPO / "data" / ("multi30k_study_ende_tok32_joined" if cond_vars else "multi30k_study_ende")
 
 
 def plan(args):

@@ -12,13 +12,13 @@ A job is a list of runs trained by one scripts/recipes/multi30k_study.sh process
 its fine-tunes (FLOATER by its paper's warm start and the control), which continue that seed's checkpoint and so
 must run in the same call (nothing on the device survives it).
 """
-import io
+import gzip
 import json
 import os
 import tarfile
 import time
 
-from tooling.atomic import write_json, write_text
+from tooling.atomic import write_atomic, write_json, write_text
 
 # The literature's recipe (Wu, Kong & Kao 2021: 8,000 updates of 4,096 tokens, ~130 per epoch of Multi30k), the
 # study's recipe otherwise (scripts/recipes/multi30k_study.sh); a fine-tune is FT_EPOCHS more epochs.
@@ -187,8 +187,6 @@ def anonymous(info):
 
 
 def compressed_size(path):
-    import gzip
-
     with open(path, "rb") as f:
         return len(gzip.compress(f.read(), compresslevel=6)) + 1024
 
@@ -242,8 +240,6 @@ def check_archives(report, manifest, out_dir):
 
 def extract(out_dir, found, results):
     """Every archive member into `results` (logs gzipped), each written atomically."""
-    import gzip
-
     by_archive = {}
     for name, a in found.items():
         by_archive.setdefault(a, []).append(name)
@@ -255,8 +251,6 @@ def extract(out_dir, found, results):
                 if "/logs/" in f"/{name}":
                     dest += ".gz"
                     data = gzip.compress(data, mtime=0)
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                from tooling.atomic import write_atomic
                 write_atomic(dest, data)
 
 
@@ -328,6 +322,6 @@ def read_json(path):
 def log_tail(path, n=3):
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            return " / ".join(line.strip() for line in list(io.StringIO(f.read()))[-n:])
+            return " / ".join(line.strip() for line in f.readlines()[-n:])
     except OSError:
         return ""

@@ -6,7 +6,6 @@ starting points (tooling/bootstrap.py).
 import json
 import os
 import re
-import statistics
 
 import numpy as np
 
@@ -14,19 +13,11 @@ from tooling.atomic import write_text
 from tooling.bleu import tokenized_metric
 from tooling.length_probe import (MAX_LEN_A, MAX_LEN_B, bucket_members, fail, load_probes, read_lines,
                                   repeated_ngrams)
+from tooling.study_table import mean_std
 
 PROBE_FILE = re.compile(r"(\w+)\.seed(\d+)\.probe\.json")
 # below this share of multi-sentence training targets, a run counts as trained on single sentences
 SINGLE_SENTENCE_SHARE = 0.05
-
-
-def mean_std(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
 def table(args):

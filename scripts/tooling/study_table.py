@@ -97,6 +97,8 @@ def restrict(runs, split_src, split_at, longer):
 
 
 def mean_std(values):
+    """'mean ± std' of the values given (None: a run without the value), the value alone, or '–'."""
+    values = [v for v in values if v is not None]
     if not values:
         return "–"
     if len(values) == 1:
