@@ -124,6 +124,8 @@ def campaign(*argv, timeout=1800):
 
 
 @pytest.mark.slow  # one job (a transformer and its two fine-tunes) trained, averaged, decoded, probed and scored
+@pytest.mark.skipif(__import__("campaign").find_multi30k(None) is None,
+                    reason="Multi30k not here (../shared/data/multi30k, data/multi30k or .gpu_bundle/multi30k)")
 def test_dry_run_call_then_ingest(tmp_path):
     """The call on CPU: the first job of the manifest, packed within the limits; ingested: the manifest records it,
     the tables are made, the next call takes the next job; the same output again, or with a file missing, is
