@@ -2,8 +2,9 @@
 
 Made for a lease of 15 minutes of device time (machine start included, at most 10 minutes a command). The default
 call runs the correctness sections a, b and c (caps 480 s; ≤ 9.7 minutes with the set-up and data/toy's
-preparation, capped at 30 s); the speed section d is a second call, ``--sections bench`` (≤ 3 minutes), and f
-another, ``--sections invariance``. Each section runs in its own process (this script
+preparation, capped at 30 s); the speed section d is a second call, ``--sections bench`` (≤ 3 minutes), f
+another, ``--sections invariance``, and g another, ``--sections users_path`` (≤ 4 minutes: with it the default
+call would pass a command's 10 minutes). Each section runs in its own process (this script
 with ``--section NAME``), killed with everything it started at its cap (``--cap NAME=SECONDS``):
 
 a. ``machine`` (20 s): GPU, driver, CUDA, torch, Python.
@@ -12,9 +13,13 @@ c. ``precision`` (360 s): every arch × --fp16 / --bf16 / --amp on the toy task 
 d. ``bench`` (180 s): scripts/bench.py --device cuda, FLOATER with and without CUDA graphs.
 (e. ``fused``, FlexAttention against today's path, was removed with --attention-backend flex.)
 f. ``invariance`` (240 s): every scheme alone vs batched in fp32 and bf16; one seed trained twice.
+g. ``users_path`` (240 s): scripts/train.sh for WMT14 cells as they are (fp16, 4096 tokens × update-freq 8) on a
+   stand-in corpus (newstest2014's lengths, made-up words), then evaluate.sh and make_tables.py: exit statuses,
+   updates, tokens/s (tooling/gpu_users_path.py; its BLEU means nothing).
 
 What each measures and its bounds: docs/benchmarks.md ("On a machine with one GPU"); the code: tooling/gpu_common.py
-(caps, bounds), tooling/gpu_graph.py (b), tooling/gpu_sections.py (a, c, d, f; a process each), tooling/gpu_report.py
+(caps, bounds), tooling/gpu_graph.py (b), tooling/gpu_sections.py (a, c, d, f; a process each),
+tooling/gpu_users_path.py (g), tooling/gpu_report.py
 (report, verdicts), tooling/supervise.py (process groups). results/gpu_check.md and .json are written before the
 first section and rewritten (atomically) the moment each section ends: a section that raises or exceeds its cap
 records its reason beside the rows it had written, and the run goes on with the next. The exit status is 1 if any

@@ -39,7 +39,8 @@ def main():
     ap.add_argument("--vocab-size", type=int, required=True)
     ap.add_argument("--max-sentences", type=int, default=2000000, help="lines sampled for training")
     ap.add_argument("--seed", type=int, default=1, help="seeds that sample")
-    ap.add_argument("--model-type", default="bpe", choices=["unigram", "bpe"])
+    ap.add_argument("--model-type", default="bpe", choices=["unigram", "bpe", "word"],
+                    help="word: a piece per whitespace-separated word (a stand-in corpus whose lengths are set in words)")
     args = ap.parse_args()
     inputs, n_lines = sample_lines(args.input, args.max_sentences, args.seed, os.path.dirname(args.model_prefix) or ".")
     try:

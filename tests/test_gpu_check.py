@@ -16,7 +16,10 @@ from conftest import REPO, env
 from fairseq_plugins.schemes import MODELS as SCHEME_MODELS
 from helpers.gpu_check_run import gpu_check, no_machine_paths
 from helpers.small_task import small_data
+from tooling import length_mix
 from tooling.gpu_report import verdicts
+from tooling.gpu_users_path import train_stats
+from tooling.wmt14_stand_in import write_stand_in
 
 TITLES = ["## a. Machine", "## b. FLOATER's CUDA-graph solve against the loop",
           "## c. Every arch × precision on the toy task",
@@ -143,10 +146,10 @@ def test_a_section_past_its_cap_is_killed_and_reported(tmp_path):
 def test_bad_flags_are_one_line(tmp_path):
     for argv, message in [(["--cap", "precision=soon"], "--cap precision=soon: expected a positive number of seconds"),
                           (["--cap", "decode=10"], "--cap decode=10: expected NAME=SECONDS with NAME one of machine, "
-                                                   "floater_graph, precision, bench, invariance"),
+                                                   "floater_graph, precision, bench, invariance, users_path"),
                           (["--sections", "machine,gpu"], "--sections machine,gpu: expected some of "
-                                                          "machine,floater_graph,precision,bench,invariance, "
-                                                          "or all"),
+                                                          "machine,floater_graph,precision,bench,invariance,"
+                                                          "users_path, or all"),
                           (["--models", "rope,fourier"], "--models rope,fourier: unknown model 'fourier' (expected "
                                                          f"some of {' '.join(SCHEME_MODELS)})")]:
         proc = gpu_check("--dry-run", "--out-dir", str(tmp_path / "out"), *argv, timeout=120)
@@ -215,6 +218,21 @@ def test_a_check_out_of_bounds_fails_the_run():
         "batch invariance bf16: every scheme alone vs batched"]
     assert failed("invariance", *fine[:4], {**replay, "identical": False}) == [
         "one seed twice, the same parameters (default algorithms)"]
+    # g.: every step of the users' path exits 0, each training with updates and a tokens/s, make_tables a table
+    def users_step(scheme, step, **fields):
+        return {"kind": "step", "scheme": scheme, "step": step, "rc": 0, "seconds": 9.0, **fields}
+
+    trained = {"updates": 10, "tokens_per_s": 2e5}
+    tables = {"kind": "tables", "rc": 0, "tables": [{"title": "t", "header": "| a |", "rows": ["| 0.01 (27.9, x) |"]}]}
+    users = [users_step("transformer", "train.sh", **trained), users_step("relative", "train.sh", **trained),
+             users_step("transformer", "evaluate.sh"), users_step("relative", "evaluate.sh"), tables]
+    check = "the users' path: train.sh (updates, tokens/s), evaluate.sh, make_tables.py exit 0 for every scheme"
+    assert failed("users_path", *users) == []
+    for broken in ({**users[1], "updates": None}, {**users[1], "tokens_per_s": None}, {**users[3], "rc": 1}):
+        assert failed("users_path", *[broken if r["kind"] == "step" and r["scheme"] == broken["scheme"]
+                                      and r["step"] == broken["step"] else r for r in users]) == [check]
+    assert failed("users_path", *users[:3], tables) == [check]  # relative trained but never evaluated
+    assert failed("users_path", *users[:4], {**tables, "tables": []}) == [check]
 
 
 @pytest.mark.slow
@@ -232,6 +250,81 @@ def test_dry_run_of_the_invariance_section(data, tmp_path):
     replay = [r for r in rows if r["kind"] == "replay"]
     assert [r["deterministic"] for r in replay] == [False, True] and all(r["identical"] for r in replay), replay
     assert "## f. Batch invariance" in (out / "gpu_check.md").read_text()
+
+
+def test_dry_run_of_the_users_path(tmp_path):
+    """g.: train.sh for the Transformer's WMT14 cell on the stand-in corpus with CPU=1, then evaluate.sh (its two
+    epoch checkpoints averaged) and make_tables.py, all in the section's work folder: the report has every step's
+    exit status, updates and tokens/s, and the table row it filled."""
+    repo_files = [REPO / "results" / "wmt14_en_de_base_transformer.json", REPO / "results" / "tables.md",
+                  REPO / "checkpoints" / "wmt14_en_de_base_transformer"]
+    before = [p.exists() and p.stat().st_mtime for p in repo_files]
+    out = tmp_path / "out"
+    proc = gpu_check("--dry-run", "--sections", "users_path", "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    section = json.loads((out / "gpu_check.json").read_text())["sections"]["users_path"]
+    assert section["status"] == "completed", section
+
+    def rows(kind):
+        return [r for r in section["rows"] if r["kind"] == kind]
+
+    assert rows("corpus") == [{"kind": "corpus", "train": 120, "valid": 16, "test": 16, "dictionary": 304,
+                               "seconds": rows("corpus")[0]["seconds"]}]
+    steps = rows("step")
+    assert [(r["scheme"], r["step"], r["rc"]) for r in steps] == [("transformer", "train.sh", 0),
+                                                                   ("transformer", "evaluate.sh", 0)]
+    train, evaluate = steps
+    # the cell's batch (8 GPUs' worth on one process: update_freq 8), 2 epochs of 1 update; CPU=1 turns fp16 off
+    assert (train["precision"], train["max_tokens"], train["update_freq"], train["epochs"], train["updates"]) == (
+        "fp32", 4096, 8, 2, 2), train
+    assert train["tokens_per_s"] > 0 and train["tokens_per_update"] > 0
+    assert evaluate["checkpoints"] == "checkpoint1.pt,checkpoint2.pt"  # the cell averages epochs: both there
+    assert evaluate["sentences"] == 16 and 0 <= evaluate["bleu"] <= 100
+    (tables,) = rows("tables")
+    assert tables["rc"] == 0 and [t["title"] for t in tables["tables"]] == [
+        "FLOATER (Liu et al. 2020), Table 2: BLEU on newstest2014"]
+    assert [row.split(" (27.9, ")[0] for row in tables["tables"][0]["rows"]] == [
+        f"| input block only | sinusoidal | {evaluate['bleu']:.2f}"]
+    md = (out / "gpu_check.md").read_text()
+    assert "## g. The users' path" in md and "Its BLEU means nothing" in md
+    assert "| transformer | `train.sh` | 0 |" in md and "| fp32 | 4096 × 8 | 2 |" in md
+    assert "FLOATER (Liu et al. 2020), Table 2" in (out / "gpu_check_users_tables.md").read_text()
+    assert all(v["passed"] for v in json.loads((out / "gpu_check.json").read_text())["verdicts"])
+    no_machine_paths(out, tmp_path)
+    assert [p.exists() and p.stat().st_mtime for p in repo_files] == before  # nothing into results/, checkpoints/
+
+
+def test_the_stand_in_corpus_has_the_recipes_layout_and_newstests_lengths(tmp_path):
+    """prepare_wmt14.sh's layout (what train.sh and evaluate.sh read), a piece per word, every word of the
+    vocabulary in the dictionary, and each sentence as long as the length drawn from newstest2014's."""
+    entries = write_stand_in(tmp_path, {"train": 60, "valid": 5, "test": 7}, vocab=250, seed=3)
+    assert entries == 256  # 250 words + fairseq's 4 specials, padded to a multiple of 8 as fairseq-preprocess does
+    words = [line.split()[0] for line in (tmp_path / "bin" / "dict.en.txt").read_text().splitlines()]
+    assert len([w for w in words if not w.startswith("madeupword")]) == 250
+    for f in ("spm.model", "raw/test.de", "raw/valid.en", "bin/dict.en.txt", "bin/dict.de.txt",
+              "bin/train.en-de.en.bin", "bin/test.en-de.de.idx"):
+        assert (tmp_path / f).is_file(), f
+    pairs = length_mix.load_pairs()
+    for k, (split, n) in enumerate((("train", 60), ("valid", 5), ("test", 7))):
+        drawn = length_mix.draw(pairs, n, 3 + k)
+        for side, lang in enumerate(("en", "de")):
+            raw = (tmp_path / "raw" / f"{split}.{lang}").read_text().splitlines()
+            pieces = (tmp_path / "spm" / f"{split}.{lang}").read_text().splitlines()
+            assert [len(line.split()) for line in raw] == [len(line.split()) for line in pieces] == [
+                p[side] for p in drawn]
+
+
+def test_train_stats_read_the_last_epochs_summary():
+    log = """{'common': {'fp16': True}, 'dataset': {'max_tokens': 4096}, 'optimization': {'update_freq': [8]}}
+[train_inner][INFO] - epoch 001:      5 / 5 loss=9.1, wps=1000, ups=1, wpb=30000, num_updates=5
+[valid][INFO] - epoch 001 | valid on 'valid' subset | loss 9.039 | wps 0 | wpb 486 | bsz 16 | num_updates 5
+[train][INFO] - epoch 001 | loss 9.105 | ppl 555.33 | wps 150000 | ups 5 | wpb 30100 | bsz 800 | num_updates 5
+[valid][INFO] - epoch 002 | valid on 'valid' subset | loss 9.0 | wps 0 | wpb 486 | bsz 16 | num_updates 10
+[train][INFO] - epoch 002 | loss 9.089 | ppl 548.7 | wps 210000.5 | ups 7 | wpb 29900 | bsz 790 | num_updates 10
+"""
+    assert train_stats(log) == {"precision": "fp16", "max_tokens": 4096, "update_freq": 8, "epochs": 2,
+                                "updates": 10, "tokens_per_s": 210000.5, "tokens_per_update": 29900.0}
+    assert train_stats("Traceback ...")["updates"] is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")

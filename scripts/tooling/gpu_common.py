@@ -35,17 +35,29 @@ SECTIONS = {
     "precision": ("c. Every arch × precision on the toy task", 360),
     "bench": ("d. Benchmark: the users' regime; FLOATER with and without CUDA graphs", 180),
     "invariance": ("f. Batch invariance and replay: every scheme alone vs batched; one seed twice", 240),
+    "users_path": ("g. The users' path: train.sh, evaluate.sh, make_tables.py on a stand-in WMT14 En-De", 240),
 }
 FIRST_CALL = ("machine", "floater_graph", "precision")  # the default; the speed section d: a second call
 # The dry run's caps: a small CPU machine shared with other work takes many times an H100's seconds (the dry run
 # itself is ~30 CPU-seconds, ~100 s of wall time on 2 cores under a load of 10)
-DRY_CAPS = {"machine": 60, "floater_graph": 240, "precision": 300, "bench": 240, "invariance": 300}
+DRY_CAPS = {"machine": 60, "floater_graph": 240, "precision": 300, "bench": 240, "invariance": 300,
+            "users_path": 300}
 # d.'s users' regime (bench.py --regime, bf16 and amp, 16,384 tokens, base dims), beside fairseq's Transformer
 REGIME_MODELS = ("relative", "t5", "alibi", "floater", "rope")
 # d.'s peak-memory probes at a time, each a fresh process with its own CUDA context (third run: 4 at a time left
 # section e, since removed, without its timings at 160 s)
 MEMORY_WORKERS = 8
 DATA_CAP = 30  # preparing data/toy when it is missing (make_toy_data.py + prepare_bitext.sh; ~10 s)
+# g.: the WMT14 En-De base cells trained (2 epochs of the stand-in corpus each, one after the other) and evaluated;
+# FLOATER last, so that a cut run keeps the others' rows. The corpus: 4,000 training pairs make 2 epochs of about 5
+# updates each at the cells' 8 × 4,096 tokens (one GPU: train.sh's update_freq 8), the recipe's 32,768 words; the
+# test set is small because an untrained model's beam search runs to its longest hypotheses. The dry run: one
+# scheme, whose evaluation averages epochs (most cells'), at the smallest sizes (each of its 9 Python processes
+# costs seconds of start-up on CPU: ~60 s in all).
+USERS_SCHEMES = ("transformer", "relative", "floater_all")
+USERS_CORPUS = {"sentences": {"train": 4000, "valid": 200, "test": 200}, "vocab": 32768}
+USERS_DRY_SCHEMES = ("transformer",)
+USERS_DRY_CORPUS = {"sentences": {"train": 120, "valid": 16, "test": 16}, "vocab": 300}
 # hooks for the tests only: a section that raises, or hangs (with its own process and a child)
 FAIL_ENV, HANG_ENV = "GPU_CHECK_FAIL_SECTION", "GPU_CHECK_HANG_SECTION"
 

@@ -147,8 +147,34 @@ def bench_lines(report):
     return lines
 
 
+def users_path_lines(report):
+    lines = []
+    for c in rows_of(report, "users_path", "corpus"):
+        lines += [f"Stand-in for `prepare_wmt14.sh en-de` (newstest2014's lengths, made-up words): {c['train']:,} "
+                  f"training pairs, {c['valid']} valid, {c['test']} test, {c['dictionary']:,} dictionary entries, "
+                  f"made in {c['seconds']:.0f} s. Its BLEU means nothing (a few updates on made-up words): the "
+                  "section shows that the path runs, and how fast the cells train.", ""]
+    steps = rows_of(report, "users_path", "step")
+    if steps:
+        lines += ["| scheme | step | exit | s | precision | max tokens × update freq | updates | tokens/s "
+                  "(last epoch) | checkpoints | BLEU |", "|---|---|---:|---:|---|---|---:|---:|---|---:|"]
+        for r in steps:
+            batch = f"{r['max_tokens']} × {r['update_freq']}" if r.get("max_tokens") else "—"
+            lines.append(f"| {r['scheme']} | `{r['step']}` | {r['rc']}{': ' + r['error'] if r.get('error') else ''} "
+                         f"| {r['seconds']:.0f} | {r.get('precision') or '—'} | {batch} | "
+                         f"{fmt(r.get('updates'), 'd')} | {fmt(r.get('tokens_per_s'), ',.0f')} | "
+                         f"{r.get('checkpoints') or '—'} | {fmt(r.get('bleu'), '.2f')} |")
+    for t in rows_of(report, "users_path", "tables"):
+        lines += ["", f"`scripts/make_tables.py`: exit {t['rc']}{': ' + t['error'] if t.get('error') else ''}"
+                  + ("; its rows with a result (all of it: `gpu_check_users_tables.md`):" if t["tables"] else ".")]
+        for table in t["tables"]:
+            lines += ["", f"{table['title']}:", "", table["header"],
+                      "|" + "---|" * (table["header"].count("|") - 1), *table["rows"]]
+    return lines
+
+
 SECTION_LINES = {"machine": machine_lines, "floater_graph": floater_graph_lines, "precision": precision_lines,
-                 "bench": bench_lines, "invariance": invariance_lines}
+                 "bench": bench_lines, "invariance": invariance_lines, "users_path": users_path_lines}
 
 
 def markdown(report) -> str:
@@ -240,6 +266,15 @@ def verdicts(report):
             plain = [r for r in replay if not r["deterministic"]]
             add("one seed twice, the same parameters (default algorithms)", "identical", [],
                 plain and all(r["identical"] for r in plain))
+    if "users_path" in sections:
+        steps = rows_of(report, "users_path", "step")
+        tables = rows_of(report, "users_path", "tables")
+        if steps or completed("users_path"):
+            trained = [r for r in steps if r["step"] == "train.sh"]
+            add("the users' path: train.sh (updates, tokens/s), evaluate.sh, make_tables.py exit 0 for every scheme",
+                "exit 0", [], steps and all(r["rc"] == 0 for r in steps) and len(steps) == 2 * len(trained)
+                and all(r.get("updates") and r.get("tokens_per_s") for r in trained)
+                and tables and tables[0]["rc"] == 0 and tables[0]["tables"])
     if completed("bench"):
         graphed = [r for r in rows_of(report, "bench", "ratio") if r["model"] == "floater_graph"]
         add("benchmark ran; floater_graph captured at every length", "", [],

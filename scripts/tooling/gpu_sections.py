@@ -1,12 +1,13 @@
-"""The GPU check's sections a, c, d and f (scripts/gpu_check.py; b is tooling.gpu_graph; e, fused attention, was
-removed with --attention-backend flex), and running one: each in a process of its own, killed with all it started
-at its cap.
+"""The GPU check's sections a, c, d and f (scripts/gpu_check.py; b is tooling.gpu_graph, g tooling.gpu_users_path;
+e, fused attention, was removed with --attention-backend flex), and running one: each in a process of its own,
+killed with all it started at its cap.
 
     a. machine      GPU, driver, CUDA, torch, Python
     c. precision    every arch × --fp16/--bf16/--amp, 100 updates on the toy task, then beam 4 against fp32's
     d. bench        scripts/bench.py --device cuda: the users' regime (--regime: bf16 and amp, 16,384 tokens, base
                     dims, six schemes); then FLOATER with and without CUDA graphs, beside the Transformer
     f. invariance   every scheme alone vs batched (tooling.invariance); one seed trained twice
+    g. users_path   train.sh, evaluate.sh, make_tables.py for WMT14 cells on a stand-in corpus (tooling.gpu_users_path)
 
     run_section(name, args, cap, data, work)   the parent: the section's process under its cap -> its result
     section_main(args)                         the child: the section's rows to --rows-file as they come
@@ -28,6 +29,7 @@ from tooling.gpu_common import (DECODE_SHARDS, FAIL_ENV, HANG_ENV, INVARIANCE_DT
                                 REGIME_MODELS, REPLAY_ARCHS, REPLAY_UPDATES, REPO, SCRIPT, SECTIONS, CheckError, Rows,
                                 last_line, log, model_names, relative)
 from tooling.gpu_graph import build_trainer, section_floater_graph
+from tooling.gpu_users_path import section_users_path
 from tooling.supervise import children_cpu, start_group, wait_capped
 
 
@@ -273,7 +275,8 @@ def replay_run(data, device, arch, updates):
 
 
 SECTION_FUNCTIONS = {"machine": section_machine, "floater_graph": section_floater_graph,
-                     "precision": section_precision, "bench": section_bench, "invariance": section_invariance}
+                     "precision": section_precision, "bench": section_bench, "invariance": section_invariance,
+                     "users_path": section_users_path}
 EMULATED = ("floater_graph", "bench")  # the sections whose dry run needs CUDA graphs emulated
 NEED_DATA = ("floater_graph", "precision", "invariance")  # the sections training on the toy task
 
