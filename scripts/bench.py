@@ -45,7 +45,8 @@ def main(argv=None):
     p.add_argument("--decode-reps", default="3", help="timed decoding calls of each model: one number or one per length")
     p.add_argument("--models", default="relative,floater,floater_cached",
                    help="compared with the transformer: any of relative, floater, floater_cached (needs floater), "
-                        "floater_graph (FLOATER with --floater-cuda-graph: --device cuda), " + ", ".join(SCHEME_NAMES))
+                        "floater_graph (FLOATER with --floater-cuda-graph: --device cuda), floater_shared (with "
+                        "--floater-shared-solve; --regime), " + ", ".join(SCHEME_NAMES))
     p.add_argument("--floater-every", type=int, default=100, help="N of the cached FLOATER (--floater-update-every N)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--clock", choices=CLOCKS, default=None,
@@ -73,6 +74,9 @@ def main(argv=None):
     r.add_argument("--max-tokens", default="8192,16384",
                    help="comma-separated tokens per batch (fairseq's --max-tokens)")
     r.add_argument("--updates", type=int, default=5, help="timed updates of each model per group (after --warmup)")
+    r.add_argument("--update-freq", type=int, default=1,
+                   help="batches per update (fairseq's --update-freq: the Trainer's micro-batches); floater_shared "
+                        "(--floater-shared-solve) solves FLOATER's ODE once per update, floater once per batch")
     r.add_argument("--decode-max-tokens", type=int, default=8000,
                    help="source tokens per decoding batch (scripts/evaluate.sh's --max-tokens)")
     r.add_argument("--decode-batches", type=int, default=2, help="timed decoding batches of each model")

@@ -483,7 +483,8 @@ def test_adaptive_solver_and_adjoint_train():
 def test_archs_are_fairseqs_with_floater_defaults():
     floater_defaults = dict(floater_dt=0.1, floater_method="rk4", floater_rtol=1e-4, floater_atol=1e-6,
                             floater_adjoint=False, floater_hidden=None, floater_update_every=1, floater_layers="all",
-                            floater_cuda_graph=False, floater_cache_whole_bias=False, floater_flow_init="zero")
+                            floater_cuda_graph=False, floater_cache_whole_bias=False, floater_flow_init="zero",
+                            floater_shared_solve=False)
     for suffix in ("", "_wmt_en_de", "_vaswani_wmt_en_de_big", "_vaswani_wmt_en_fr_big", "_tiny"):
         ours, theirs = argparse.Namespace(), argparse.Namespace()
         ARCH_CONFIG_REGISTRY["floater_transformer" + suffix](ours)

@@ -326,6 +326,14 @@ class PositionTransformerModel(PluginTransformerModel):
                 batch.enter_context(module.batch(longest))
             return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
 
+    def all_reduce_grads(self):
+        """fairseq's trainer calls this after the last micro-batch's backward of an update, before it scales and
+        clips the gradients (``FairseqOptimizer.all_reduce_grads``: directly in one process, through
+        ModuleProxyWrapper under pytorch_ddp, after legacy_ddp's own reduction by a patch hunk): a scheme
+        completes the gradients it deferred (FLOATER's shared solve)."""
+        for module in self._scheme_modules():
+            module.complete_gradients()
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)

@@ -13,7 +13,7 @@ Class hooks, at build: ``embed`` (the stack's ``embed_positions``; None adds not
 self-attention, one per stack, shared by its layers; None: fairseq's attention), ``build_cross`` (a prior in the
 decoder's cross-attention). Module hooks: ``rotate``, ``score_bias`` (H, T, S), ``attend``/``scores`` (where
 ``owns_product``), ``layer_parameters``, the projection biases (``projects``: ``attach``, ``join``, ``batch``,
-``prepare``, ``project``, ``check_decoding_step``), ``cross_bias`` (B, H, T, S). Class attributes: ``embedding``,
+``prepare``, ``project``, ``check_decoding_step``, ``complete_gradients``), ``cross_bias`` (B, H, T, S). Class attributes: ``embedding``,
 ``every_block``, ``absolute_positions`` (the hooks read positions themselves: per sentence, (B, T)),
 ``size_defaults``, ``flags`` (added by ``add_args``, filled in by ``defaults``, checked by ``validate``; refused
 in one line on a model that does not use the scheme), and ``title``/``equation`` (how figures name the scheme and
@@ -132,6 +132,9 @@ class PositionScheme(nn.Module):
         return getattr(attention, name)(x)
 
     def check_decoding_step(self, stack, features: Tensor, tokens: Tensor, encoder_out) -> None:
+        pass
+
+    def complete_gradients(self):
         pass
 
     # -- inside the decoder's cross-attention (a cross-attention prior) ---------------------------------------

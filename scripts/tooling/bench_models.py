@@ -40,6 +40,7 @@ ARCHS = {dims: {name: (scheme.arch(dims), list(scheme.flags) + (BASE_FFN if dims
 SCHEME_NAMES = tuple(n for n in SCHEME_TABLE if n not in ("transformer", "relative", "floater"))
 BASELINE = "transformer"
 GRAPH = "floater_graph"  # the exact FLOATER with --floater-cuda-graph
+SHARED = "floater_shared"  # the exact FLOATER with --floater-shared-solve (one solve per --update-freq update)
 
 
 def model_specs(dims, floater_every, archs=None):
@@ -54,6 +55,8 @@ def model_specs(dims, floater_every, archs=None):
             archs["floater"][0], archs["floater"][1] + ["--floater-update-every", str(floater_every)], "floater"),
         GRAPH: (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1", "--floater-cuda-graph"],
                 "floater"),
+        SHARED: (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1", "--floater-shared-solve"],
+                 "floater"),
         **{name: (*archs[name], name) for name in SCHEME_NAMES},
     }
 

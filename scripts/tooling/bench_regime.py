@@ -13,7 +13,8 @@ same run, for every (dims, precision, --max-tokens):
    master weights, dynamic loss scaling for fp16) or --amp (its AMPOptimizer: autocast and a GradScaler).
    Trainer.train_step is the whole update: moving the batch to the device, forward, criterion, backward, the
    gradients' reduction and norm, the scaler, Adam and the learning-rate schedule. --warmup untimed and then
-   --updates timed updates of each model, round-robin (one update of each per batch, the order rotated).
+   --updates timed updates of each model, round-robin (one update of each per batch, the order rotated); with
+   --update-freq N an update is N consecutive batches (micro-batches, as fairseq-train's --update-freq).
    tokens/s = target tokens (fairseq's wps: non-padding target tokens) of the timed updates / their time.
 3. Decoding: beam 4 through fairseq's SequenceGenerator, incremental, on --decode-batches batches of sources
    drawn from the same mix and batched under --decode-max-tokens (scripts/evaluate.sh's --max-tokens 8000); an
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 from tooling import length_mix
-from tooling.bench_models import BASELINE, COMMON_FLAGS, GRAPH, PLUGINS, SCHEME_TABLE, model_specs, \
+from tooling.bench_models import BASELINE, COMMON_FLAGS, GRAPH, PLUGINS, SHARED, SCHEME_TABLE, model_specs, \
     synthetic_dictionary
 from tooling.bench_timing import CLOCKS, load_average, machine, rotated, source_state, timed
 
@@ -179,9 +180,10 @@ def measure(args, trainers, names, dictionary, pairs, dims, precision, max_token
             res, log):
     """The rows of one (dims, precision, max_tokens): every model trained on the same batches, then decoded."""
     device, clock = args.device, CLOCKS.index(args.clock)
+    freq = args.update_freq
     total = args.warmup + args.updates
-    batches, drawn, left_out = length_mix.corpus(pairs, dictionary, max_tokens, total, args.seed + max_tokens)
-    timed_batches = batches[args.warmup:]
+    batches, drawn, left_out = length_mix.corpus(pairs, dictionary, max_tokens, total * freq, args.seed + max_tokens)
+    timed_batches = batches[args.warmup * freq:]
     shapes = [(b["net_input"]["src_tokens"].shape, b["target"].shape) for b in timed_batches]
     model_cfg = next(iter(trainers.values())).cfg.model
     flops = sum(transformer_flops(model_cfg, len(dictionary), s, t) for s, t in shapes)
@@ -194,9 +196,10 @@ def measure(args, trainers, names, dictionary, pairs, dims, precision, max_token
                            "padded_tokens": [list(map(list, s)) for s in shapes],
                            "padding_share": 1 - (tokens + src_tokens) / padded})
     times = {n: [] for n in names}
-    for i, batch in enumerate(batches):
+    for i in range(total):
+        update = batches[i * freq:(i + 1) * freq]  # one update's micro-batches (--update-freq)
         for n in rotated(names, i):
-            t = timed(lambda: trainers[n].train_step([batch]), device)
+            t = timed(lambda: trainers[n].train_step(update), device)
             if i >= args.warmup:
                 times[n].append(t)
     rows = []
@@ -210,7 +213,7 @@ def measure(args, trainers, names, dictionary, pairs, dims, precision, max_token
                "matmul_fraction": flops / s / rate["flops_per_s"]}
         rows.append(row)
     if decode_sets is not None:
-        for n in [n for n in names if n != GRAPH]:  # at inference the graphed FLOATER is floater
+        for n in [n for n in names if n not in (GRAPH, SHARED)]:  # at inference both are floater
             trainers[n].model.eval()
             decode(trainers[n], dictionary, decode_sets[0], device)  # warm-up
             out, elapsed = 0, [0.0, 0.0]
@@ -233,7 +236,8 @@ def measure(args, trainers, names, dictionary, pairs, dims, precision, max_token
 
 
 def settings(args):
-    keys = ("device", "dims", "precision", "max_tokens", "models", "warmup", "updates", "vocab", "seed", "clock",
+    keys = ("device", "dims", "precision", "max_tokens", "models", "warmup", "updates", "update_freq", "vocab", "seed",
+            "clock",
             "threads", "decode_max_tokens", "decode_batches", "no_decode", "quick")
     return {k: getattr(args, k) for k in keys if hasattr(args, k)}
 
@@ -246,6 +250,8 @@ def check_args(args):
     for d in args.dims.split(","):
         if d not in ("base", "big", "tiny"):
             raise SystemExit(f"--dims {args.dims}: '{d}' is not one of base, big, tiny")
+    if not (isinstance(args.update_freq, int) and args.update_freq >= 1):
+        raise SystemExit(f"--update-freq {args.update_freq}: an integer >= 1")
     if any(not x.isdigit() or int(x) < 16 for x in str(args.max_tokens).split(",")):
         raise SystemExit(f"--max-tokens {args.max_tokens}: comma-separated integers >= 16")
     unknown = [m for m in args.models.split(",") if m not in model_specs("tiny", args.floater_every)

@@ -14,6 +14,7 @@ added to block n's q/k/v projections at position i, so h ≡ 0 with b(0) = 0 is 
 - ``cuda_graph.py``  that solve replayed from CUDA graphs (opt-in, ``--floater-cuda-graph``);
 - ``attention.py``   the position-biased q/k/v projections;
 - ``flows.py``       the flows, their solve and caches;
+- ``shared_solve.py`` one solve per update shared by its micro-batches (opt-in, ``--floater-shared-solve``);
 - ``scheme.py``      ``Floater``, the row of ``position_transformer`` (``fairseq_plugins/schemes.py``): its flags,
   and the binding of the flows' output to a stack's attention projections through the contract's hooks.
 

@@ -18,7 +18,7 @@ Mapping to code
 - ``FloaterDynamics.forward(t, y)``       h(τ, p; θ), torchdiffeq style: W1 [p; τ] + c1 = ``fc1``
   (d+1 → hidden), W2 [u; τ] + c2 = ``fc2`` (hidden+1 → d); w1, w2 are their last columns.
 - ``FloaterSettings``                     the solver settings (the flags ``--floater-dt/-method/-rtol/-atol/
-  -adjoint/-update-every/-cache-whole-bias/-cuda-graph``), validated once.
+  -adjoint/-update-every/-cache-whole-bias/-cuda-graph/-shared-solve``), validated once.
 - ``solve_on_grid``                       one dynamics' y(t_i) on the grid, one torchdiffeq call: the reference
   the tests compare the default solve with, and the solve of adaptive methods.
 - ``solve_stacked``                       F flows' h on their stacked state (F, K, d), one torchdiffeq call:
@@ -68,6 +68,7 @@ class FloaterSettings:
     update_every: int = 1  # re-solve with gradient every N updates (1: the exact gradient every update)
     cache_whole_bias: bool = False  # cached updates reuse b(0) + Δb detached (b(0) too learns at re-solves only)
     cuda_graph: bool = False  # on CUDA, replay the default solve from captured CUDA graphs (opt-in)
+    shared_solve: bool = False  # one solve per update, shared by its micro-batches (--update-freq; opt-in)
 
     def __post_init__(self):
         if not (_number(self.dt) and 0 < self.dt < float("inf")):
@@ -88,6 +89,11 @@ class FloaterSettings:
         object.__setattr__(self, "adjoint", bool(self.adjoint))
         object.__setattr__(self, "cache_whole_bias", bool(self.cache_whole_bias))
         object.__setattr__(self, "cuda_graph", bool(self.cuda_graph))
+        object.__setattr__(self, "shared_solve", bool(self.shared_solve))
+        if self.shared_solve and not self.fixed_grid:
+            # an adaptive solver's steps over the longest micro-batch's interval are not a shorter one's
+            raise ValueError(f"--floater-shared-solve needs a fixed-grid --floater-method (rk4, euler, midpoint, ...), "
+                             f"got the adaptive {self.method}: its values at a position depend on the interval solved")
         if self.cuda_graph and torch.version.hip is not None:
             # HIP invalidates a capture when another thread (NCCL's watchdog) queries an event, even in the
             # thread-local capture mode that makes this safe on CUDA (cuda_graph.py)

@@ -41,6 +41,7 @@ from .dynamics import (
     solve_stacked,
 )
 from .rk4 import solve_latent
+from .shared_solve import SharedSolve, check_pending
 
 MIN_CACHE = 16  # eval caches hold at least this many positions and grow by doubling
 
@@ -262,6 +263,7 @@ class FloaterPositions:
         self._pass_depth = 0
         self._pass_length = 0
         self._pass_result: Optional[List[Tensor]] = None
+        self._pending: Optional[SharedSolve] = None  # the update's shared solve (--floater-shared-solve)
 
     def add(self, flow: FloaterFlow, projections: Sequence[nn.Module]):
         lead = self.members[0][0] if self.members else flow
@@ -326,11 +328,15 @@ class FloaterPositions:
             for flow in flows:
                 flow.resume_theta()
             b0 = self.initial_values()
-            ys = solve_checked(flows, b0, num_positions)  # exact gradient to θ and b(0)
-            if every > 1:
+            if self._shares():
+                delta, solved = self._shared_deltas(b0, num_positions)
+            else:
+                ys, solved = solve_checked(flows, b0, num_positions), True  # exact gradient to θ and b(0)
+                delta = [y - b.to(y.dtype) for y, b in zip(ys, b0)]
+            if every > 1 and solved:
                 caches = [_TrainCache(b.detach().clone(), _frozen_copy(flow.dynamics)) for flow, b in zip(flows, b0)]
                 self._canonical(caches, num_positions)  # now: the cached updates then do no solver work
-            return [y - b.to(y.dtype) for y, b in zip(ys, b0)]
+            return delta
         whole = lead.settings.cache_whole_bias
         for flow, projections in self.members:
             flow.pause_theta([proj.bias for proj in projections] if whole else ())
@@ -339,6 +345,35 @@ class FloaterPositions:
             b0 = [b.detach() for b in self.initial_values()]
             delta = [(c.y0.to(d.dtype) - b.to(d.dtype)) + d for c, b, d in zip(caches, b0, delta)]
         return delta
+
+    def _shares(self) -> bool:
+        """This forward joins the update's shared solve (``--floater-shared-solve``, gradients on)."""
+        return self.members[0][0].settings.shared_solve and torch.is_grad_enabled()
+
+    def _shared_deltas(self, b0: List[Tensor], num_positions: int) -> Tuple[List[Tensor], bool]:
+        """Δb from the update's shared solve (``shared_solve.py``): solved by its first forward, extended from its
+        last row for a longer micro-batch; (Δb, whether a solve from position 0 ran)."""
+        flows, lead = self.flows, self.members[0][0]
+        pending = self._pending = check_pending(self._pending, lead._num_updates)
+        solved = pending is None
+        if solved:
+            pending = self._pending = SharedSolve(lead._num_updates, [f.dynamics.parameters() for f in flows],
+                                                  [q.bias for _, projections in self.members for q in projections])
+            ys = solve_checked(flows, b0, num_positions)
+            pending.add([y - b.to(y.dtype) for y, b in zip(ys, b0)])
+        elif pending.rows < num_positions:
+            have = pending.rows
+            last = [b.to(d.dtype) + d for b, d in zip(b0, pending.last_rows())]  # b(t_{have−1}), with its graph
+            more = solve_checked(flows, last, num_positions - have + 1, first_index=have - 1)
+            pending.add([m[1:] - b.to(m.dtype) for m, b in zip(more, b0)])
+        return pending.deltas(num_positions), solved
+
+    def complete_gradients(self):
+        """After the last micro-batch's backward of an update: θ's and b(0)'s gradient through the shared solve
+        (``SharedSolve.complete``); nothing without one pending."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.complete()
 
     def _canonical(self, caches: List[_TrainCache], num_positions: int) -> List[Tensor]:
         """The cached Δb (at least num_positions rows), without gradient, from the re-solve's b(0) and θ alone:

@@ -20,6 +20,8 @@ Mapping to code (``position_scheme.py``'s hooks, in the order they run):
   an incremental decoding step binds its row t of the table b(0) + Δb(t) kept in the incremental state.
 - ``project(attention, name, x)``: the q/k/v projection with its binding (``attention.biased_projection``).
 - ``check_decoding_step``: non-finite features while decoding stop with one line (``FloaterSolverError``).
+- ``complete_gradients``: after an update's last backward, θ's and b(0)'s gradient through its shared solve
+  (``--floater-shared-solve``: ``shared_solve.py``).
 
 Refused when the model is built: --checkpoint-activations and --offload-activations (the backward's recomputation
 would run the projections after the binding ended), --quant-noise-pq (it changes the projections). With
@@ -99,6 +101,12 @@ class Floater(PositionScheme):
              "memory over its modelled bound (results/gpu_check_notes.md)", _D.cuda_graph, switch=True,
              off="--floater-no-cuda-graph", off_help="the default (step by step); accepted for command lines "
              "written when graphs were on by default"),
+        Flag("--floater-shared-solve", boolean, None, "one ODE solve per update, shared by its --update-freq "
+             "micro-batches, with one backward through it after the last one: the same gradient, N times fewer "
+             "solves. Opt-in: verified on CPU (gradients equal to a solve per micro-batch in fp32, amp and fp16; "
+             "one process, pytorch_ddp and legacy_ddp), not yet on a GPU. fairseq-train completes the gradient in "
+             "the model's all_reduce_grads(); a training loop of your own must call it before each optimizer step",
+             _D.shared_solve, switch=True),
         Flag("--floater-layers", one_of(LAYERS), "{all,input}", "blocks whose q/k/v biases follow the flow: all "
              "(default) or input (the first block only; the others keep ordinary constant biases)", "all"),
     )
@@ -122,6 +130,11 @@ class Floater(PositionScheme):
             raise FlagError(f"--floater-hidden must be an integer >= 1, got {hidden!r}")
         if args.floater_layers not in LAYERS:
             raise FlagError(f"--floater-layers must be 'all' or 'input', got {args.floater_layers!r}")
+        if args.floater_shared_solve and (getattr(args, "ddp_backend", None) in ("fully_sharded", "slowmo")
+                                          or getattr(args, "use_bmuf", False)):
+            backend = "--use-bmuf" if getattr(args, "use_bmuf", False) else f"--ddp-backend {args.ddp_backend}"
+            raise FlagError(f"--floater-shared-solve supports one process, --ddp-backend pytorch_ddp and legacy_ddp, "
+                            f"not {backend}: its gradient is averaged over the processes as those two average")
         if args.floater_flow_init not in FLOW_INITS:
             raise FlagError(f"--floater-flow-init must be 'zero' or 'xavier', got {args.floater_flow_init!r}")
 
@@ -166,6 +179,9 @@ class Floater(PositionScheme):
             # b(0) sits out the cached updates with θ (FloaterFlow.pause_theta): optimizers must know (as for θ)
             for proj in driven:
                 proj.bias.may_skip_update = True
+
+    def complete_gradients(self):
+        self.positions.complete_gradients()  # both stacks share it: the second call finds nothing pending
 
     def join(self, other: "Floater"):
         self.positions = other.positions = FloaterPositions.joined(self.positions, other.positions)
