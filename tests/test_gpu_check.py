@@ -92,10 +92,13 @@ def test_a_failing_section_leaves_the_others_and_fails_the_run(data, tmp_path):
     assert set(ratios) == {"transformer", "floater", "floater_graph"}
     assert ratios["floater_graph"]["graph_buckets"] > 0 and ratios["floater"]["graph_buckets"] is None
     assert (out / "gpu_check_bench.md").exists()
-    regime = {(r["precision"], r["model"]): r for r in sections["bench"]["rows"] if r["kind"] == "regime"}
-    assert set(regime) == {(p, m) for p in ("bf16", "amp") for m in ("transformer", "floater")}
+    regime = {(r["update_freq"], r["precision"], r["model"]): r for r in sections["bench"]["rows"]
+              if r["kind"] == "regime"}
+    assert set(regime) == {(1, p, m) for p in ("bf16", "amp") for m in ("transformer", "floater")} | {
+        (4, "bf16", m) for m in ("transformer", "floater", "floater_shared")}
     assert all(r["tokens_per_s"] > 0 and r["train_ratio"] > 0 and r["gflop_per_update"] > 0 for r in regime.values())
-    assert "| floater | tiny | amp | 512 |" in md and (out / "gpu_check_regime.md").exists()
+    assert "| floater | tiny | amp | 512 | 1 |" in md and "| floater_shared | tiny | bf16 | 512 | 4 |" in md
+    assert (out / "gpu_check_regime.md").exists() and (out / "gpu_check_regime_uf4.md").exists()
     no_machine_paths(out, tmp_path)
     reason = "RuntimeError: failure injected into section floater_graph (GPU_CHECK_FAIL_SECTION)"
     assert sections["floater_graph"]["reason"] == reason

@@ -138,9 +138,9 @@ def bench_lines(report):
     if regime:  # bench.py --regime: the users' regime
         lines += ["", "The users' regime (newstest length mix, fairseq's Trainer; ratios: the Transformer's tokens/s "
                       "over the model's):", "",
-                  "| model | dims | precision | max tokens | train tokens/s | train | decode tokens/s | decode | "
-                  "GFLOP per update | of bf16 matmul |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['model']} | {r['dims']} | {r['precision']} | {r['max_tokens']} | "
+                  "| model | dims | precision | max tokens | update-freq | train tokens/s | train | decode tokens/s | "
+                  "decode | GFLOP per update | of bf16 matmul |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['model']} | {r['dims']} | {r['precision']} | {r['max_tokens']} | {r.get('update_freq', 1)} | "
                   f"{fmt(r['tokens_per_s'], ',.0f')} | {fmt(r['train_ratio'], '.3f')} | "
                   f"{fmt(r['decode_tokens_per_s'], ',.0f')} | {fmt(r['decode_ratio'], '.3f')} | "
                   f"{fmt(r['gflop_per_update'], ',.1f')} | {fmt(r['matmul_fraction'], '.1%')} |" for r in regime]

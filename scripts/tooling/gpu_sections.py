@@ -175,22 +175,31 @@ def section_bench(ctx, rows):
 
 def section_regime(ctx, rows):
     """bench.py --regime: fairseq's Trainer in bf16 and amp on 16,384-token batches of the newstest length mix, base
-    dims, the Transformer and REGIME_MODELS; a "regime" row per (precision, model)."""
-    out_json, out_md = ctx.out_dir / "gpu_check_regime.json", ctx.out_dir / "gpu_check_regime.md"
-    args = ["--regime", "--device", ctx.device, "--precision", "bf16,amp", "--decode-batches", "1",
-            "--out-json", str(out_json), "--out-md", str(out_md)]
+    dims, the Transformer and REGIME_MODELS; then bf16 updates of 4 × 8,192 tokens (--update-freq 4), FLOATER
+    solving per micro-batch and once per update (floater_shared). A "regime" row per (update-freq, precision, model)."""
+    common = ["--regime", "--device", ctx.device]
     if ctx.dry_run:
-        args += ["--dims", "tiny", "--max-tokens", "512", "--models", "floater", "--updates", "1", "--warmup", "0",
-                 "--vocab", "1000", "--decode-max-tokens", "256", "--threads", "1"]
+        common += ["--dims", "tiny", "--max-tokens", "512", "--updates", "1", "--warmup", "0", "--vocab", "1000",
+                   "--decode-max-tokens", "256", "--threads", "1"]
+        calls = [("regime", ["--precision", "bf16,amp", "--decode-batches", "1", "--models", "floater"]),
+                 ("regime_uf4", ["--precision", "bf16", "--update-freq", "4", "--no-decode", "--models",
+                                 "floater,floater_shared"])]
     else:
-        args += ["--dims", "base", "--max-tokens", "16384", "--models", ",".join(REGIME_MODELS), "--updates", "3",
-                 "--warmup", "2"]
-    call_bench(rows, args, out_md)
-    for r in json.loads(out_json.read_text())["rows"]:
-        rows.add("regime", **{k: r.get(k) for k in ("model", "dims", "precision", "max_tokens", "tokens_per_s",
-                                                    "train_ratio", "decode_tokens_per_s", "decode_ratio",
-                                                    "matmul_fraction")},
-                 gflop_per_update=r["flops"] / r["updates"] / 1e9)
+        common += ["--dims", "base"]
+        calls = [("regime", ["--precision", "bf16,amp", "--decode-batches", "1", "--max-tokens", "16384", "--models",
+                             ",".join(REGIME_MODELS), "--updates", "3", "--warmup", "2"]),
+                 ("regime_uf4", ["--precision", "bf16", "--update-freq", "4", "--no-decode", "--max-tokens", "8192",
+                                 "--models", "floater,floater_shared", "--updates", "2", "--warmup", "1"])]
+    for name, args in calls:
+        out_json, out_md = ctx.out_dir / f"gpu_check_{name}.json", ctx.out_dir / f"gpu_check_{name}.md"
+        call_bench(rows, [*common, *args, "--out-json", str(out_json), "--out-md", str(out_md)], out_md)
+        report = json.loads(out_json.read_text())
+        for r in report["rows"]:
+            rows.add("regime", **{k: r.get(k) for k in ("model", "dims", "precision", "max_tokens", "tokens_per_s",
+                                                        "train_ratio", "decode_tokens_per_s", "decode_ratio",
+                                                        "matmul_fraction")},
+                     update_freq=report["settings"].get("update_freq", 1),
+                     gflop_per_update=r["flops"] / r["updates"] / 1e9)
 
 
 def call_bench(rows, args, out_md):
