@@ -333,8 +333,11 @@ class FloaterPositions:
             else:
                 ys, solved = solve_checked(flows, b0, num_positions), True  # exact gradient to θ and b(0)
                 delta = [y - b.to(y.dtype) for y, b in zip(ys, b0)]
-            if every > 1 and solved:
-                caches = [_TrainCache(b.detach().clone(), _frozen_copy(flow.dynamics)) for flow, b in zip(flows, b0)]
+            if every > 1:
+                if solved:
+                    caches = [_TrainCache(b.detach().clone(), _frozen_copy(flow.dynamics)) for flow, b in zip(flows, b0)]
+                else:  # a later micro-batch of the update's shared solve: the cache its first one made
+                    caches = self._train_caches()
                 self._canonical(caches, num_positions)  # now: the cached updates then do no solver work
             return delta
         whole = lead.settings.cache_whole_bias
