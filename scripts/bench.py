@@ -80,6 +80,9 @@ def main(argv=None):
     r.add_argument("--decode-max-tokens", type=int, default=8000,
                    help="source tokens per decoding batch (scripts/evaluate.sh's --max-tokens)")
     r.add_argument("--decode-batches", type=int, default=2, help="timed decoding batches of each model")
+    r.add_argument("--profile-update", action="store_true",
+                   help="after the timed updates of the first group, profile one more update of each model "
+                        "(torch.profiler: its top operators by self time, --profile-top of them) into the report")
     p.add_argument("--out-json", default=None, help="default results/bench.json (--count-ops: results/bench_ops.json)")
     p.add_argument("--out-md", default=None, help="default results/bench.md (--count-ops: results/bench_ops.md)")
     p.add_argument("--silent", action="store_true", help="no progress lines on stderr")

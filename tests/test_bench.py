@@ -316,6 +316,35 @@ def test_the_regime_reports_tokens_per_second_ratios_and_flops(tmp_path):
     assert "| tiny | bf16 | 384 | rope |" in md and "GFLOP per update" in md
 
 
+@pytest.mark.slow  # FLOATER's exact solve in 3 micro-batches and a profiled update: ~35 CPU s
+def test_the_regime_takes_update_freq_micro_batches_per_update_and_profiles_one(tmp_path, monkeypatch):
+    """--update-freq 3: every Trainer.train_step gets 3 batches; --profile-update: one more update of each model
+    under torch.profiler, whose top operators show FLOATER's solve."""
+    from fairseq.trainer import Trainer
+
+    steps, train_step = [], Trainer.train_step
+
+    def recording(self, samples, *args, **kwargs):
+        steps.append(len(samples))
+        return train_step(self, samples, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "train_step", recording)
+    import bench as cli  # scripts/bench.py
+
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    cli.main(["--regime", "--quick", "--silent", "--device", "cpu", "--max-tokens", "256", "--models",
+              "floater_shared", "--update-freq", "3", "--updates", "1", "--warmup", "0", "--no-decode",
+              "--profile-update", "--out-json", str(out_json), "--out-md", str(out_md)])
+    res = json.loads(out_json.read_text())
+    assert steps == [3] * 4  # the timed update of each of the 2 models, then one profiled update each
+    assert {r["model"]: r["updates"] for r in res["rows"]} == {"transformer": 1, "floater_shared": 1}
+    assert res["settings"]["update_freq"] == 3 and len(res["batches"][0]["sentences"]) == 3
+    assert set(res["profiles"]["models"]) == {"transformer", "floater_shared"}
+    assert "_LatentRK4" in {o["op"] for o in res["profiles"]["models"]["floater_shared"]["top"]}
+    md = out_md.read_text()
+    assert "3 batch(es) per update" in md and "Profiles: one more update of each model" in md
+
+
 def test_a_regime_run_cut_short_leaves_the_groups_it_measured(tmp_path, monkeypatch):
     """The report is rewritten after every (dims, precision, max tokens) group but the last, marked partial: a run
     killed at its cap (gpu_check's section d) keeps what it finished; here the second group raises in its place."""

@@ -99,6 +99,7 @@ def test_a_failing_section_leaves_the_others_and_fails_the_run(data, tmp_path):
     assert all(r["tokens_per_s"] > 0 and r["train_ratio"] > 0 and r["gflop_per_update"] > 0 for r in regime.values())
     assert "| floater | tiny | amp | 512 | 1 |" in md and "| floater_shared | tiny | bf16 | 512 | 4 |" in md
     assert (out / "gpu_check_regime.md").exists() and (out / "gpu_check_regime_uf4.md").exists()
+    assert "Profiles: one more update of each model (tiny bf16 512)" in (out / "gpu_check_regime.md").read_text()
     no_machine_paths(out, tmp_path)
     reason = "RuntimeError: failure injected into section floater_graph (GPU_CHECK_FAIL_SECTION)"
     assert sections["floater_graph"]["reason"] == reason

@@ -25,6 +25,8 @@ same run, for every (dims, precision, --max-tokens):
    the Transformer's count for its batches: the position schemes' own FLOPs are not counted), and the rate the
    device reaches: those FLOPs / the update's time, as a fraction of the device's bf16 matmul rate measured in
    the same run (matmul_rate: one large bf16 product, timed).
+5. --profile-update: one more update of each model on the first group's last batches, under torch.profiler (its
+   top operators by self time on the device; CPU: by CPU self time), in the report.
 """
 import gc
 import sys
@@ -36,7 +38,7 @@ import torch
 from tooling import length_mix
 from tooling.bench_models import BASELINE, COMMON_FLAGS, GRAPH, PLUGINS, SHARED, SCHEME_TABLE, model_specs, \
     synthetic_dictionary
-from tooling.bench_timing import CLOCKS, load_average, machine, rotated, source_state, timed
+from tooling.bench_timing import CLOCKS, load_average, machine, profile_call, rotated, source_state, timed
 
 PRECISIONS = {"fp32": [], "amp": ["--amp"], "bf16": ["--bf16"], "fp16": ["--fp16"]}
 # configs/wmt14/common.yaml and recipe/liu2020_base_en_de.yaml: what fairseq-train is given for WMT14
@@ -202,6 +204,10 @@ def measure(args, trainers, names, dictionary, pairs, dims, precision, max_token
             t = timed(lambda: trainers[n].train_step(update), device)
             if i >= args.warmup:
                 times[n].append(t)
+    if getattr(args, "profile_update", False) and "profiles" not in res:  # the first group: where an update's time goes
+        update = batches[-freq:]
+        res["profiles"] = {"group": f"{dims} {precision} {max_tokens}", "models": {
+            n: profile_call(lambda: trainers[n].train_step(update), device, args.profile_top) for n in names}}
     rows = []
     for n in names:
         seconds = {c: sum(t[k] for t in times[n]) for k, c in enumerate(CLOCKS)}
@@ -237,7 +243,7 @@ def measure(args, trainers, names, dictionary, pairs, dims, precision, max_token
 
 def settings(args):
     keys = ("device", "dims", "precision", "max_tokens", "models", "warmup", "updates", "update_freq", "vocab", "seed",
-            "clock",
+            "clock", "profile_update",
             "threads", "decode_max_tokens", "decode_batches", "no_decode", "quick")
     return {k: getattr(args, k) for k in keys if hasattr(args, k)}
 

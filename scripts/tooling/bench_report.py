@@ -175,6 +175,10 @@ def regime_markdown(res):
             f"{'—' if r.get('decode_tokens_per_s') is None else format(r['decode_tokens_per_s'], ',.0f')} | "
             f"{ratio(r.get('decode_ratio'))} | {r['flops'] / r['updates'] / 1e9:,.1f} | "
             f"{r['flops_per_s'] / 1e12:.3g} | {format(100 * r['matmul_fraction'], '.1f') + '%' if cuda else '—'} |")
+    if res.get("profiles"):
+        lines += ["", f"Profiles: one more update of each model ({res['profiles']['group']}), torch.profiler's top "
+                      "operators by self time:", ""]
+        lines += _profile_lines(res["profiles"]["models"])
     lines += ["", "Batches timed per group (sentences; padded source × target shapes), and the padding's share:", ""]
     for b in res["batches"]:
         lines.append(f"- {b['dims']} {b['precision']} {b['max_tokens']:,}: sentences {b['sentences']}, padding "

@@ -175,19 +175,20 @@ def section_bench(ctx, rows):
 
 def section_regime(ctx, rows):
     """bench.py --regime: fairseq's Trainer in bf16 and amp on 16,384-token batches of the newstest length mix, base
-    dims, the Transformer and REGIME_MODELS; then bf16 updates of 4 × 8,192 tokens (--update-freq 4), FLOATER
+    dims, the Transformer and REGIME_MODELS, one more bf16 update of each profiled (where the time goes); then bf16 updates of 4 × 8,192 tokens (--update-freq 4), FLOATER
     solving per micro-batch and once per update (floater_shared). A "regime" row per (update-freq, precision, model)."""
     common = ["--regime", "--device", ctx.device]
     if ctx.dry_run:
         common += ["--dims", "tiny", "--max-tokens", "512", "--updates", "1", "--warmup", "0", "--vocab", "1000",
                    "--decode-max-tokens", "256", "--threads", "1"]
-        calls = [("regime", ["--precision", "bf16,amp", "--decode-batches", "1", "--models", "floater"]),
+        calls = [("regime", ["--precision", "bf16,amp", "--decode-batches", "1", "--models", "floater",
+                             "--profile-update", "--profile-top", "5"]),
                  ("regime_uf4", ["--precision", "bf16", "--update-freq", "4", "--no-decode", "--models",
                                  "floater,floater_shared"])]
     else:
         common += ["--dims", "base"]
         calls = [("regime", ["--precision", "bf16,amp", "--decode-batches", "1", "--max-tokens", "16384", "--models",
-                             ",".join(REGIME_MODELS), "--updates", "3", "--warmup", "2"]),
+                             ",".join(REGIME_MODELS), "--updates", "3", "--warmup", "2", "--profile-update"]),
                  ("regime_uf4", ["--precision", "bf16", "--update-freq", "4", "--no-decode", "--max-tokens", "8192",
                                  "--models", "floater,floater_shared", "--updates", "2", "--warmup", "1"])]
     for name, args in calls:
