@@ -218,6 +218,34 @@ def test_a_shorter_bucket_captures_on_a_contiguous_tape_without_a_tape_sized_cop
         {p: [sum(c) for c in v] for p, v in by_order["ascending"].items()}
 
 
+def test_a_longer_bucket_returns_the_replaced_tape_before_placing_its_buffers(emulation, monkeypatch):
+    """The caching allocator gives a request the smallest cached free block that fits, and empty_cache returns
+    only segments with nothing allocated in them. A longer bucket's output gradient allocated while the replaced
+    tape's segment was still cached went into that segment and kept all of it reserved for the rest of the run
+    (gpu_check, shortest-first: bucket 128's 358 MiB tape segment held for bucket 256's 36 MiB gradient). So a
+    replacement empties the cache between dropping the old buffers and allocating the new ones; a bucket that
+    fits the buffers (longest-first) costs no extra empty_cache."""
+    from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
+
+    flows, rows, hidden = 2, 3, 8
+    seen = []  # per empty_cache: the tape's shared buffer (its elements; None between drop and allocation)
+
+    def recording_empty_cache():
+        seen.append([None if t.buffer is None else t.buffer.numel() for t in floater_cuda_graph._TAPES.values()])
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", recording_empty_cache)  # torch.cuda.graph calls it too
+
+    def tape(points):
+        return [flows * 20 * (points - 1) * rows * hidden]
+
+    _capture_buckets((16, 24), flows, rows, hidden)
+    # each capture (a forward and a backward per bucket) empties the cache on entering torch.cuda.graph
+    assert seen == [tape(16)] * 2 + [[None]] + [tape(24)] * 2, seen
+    seen.clear()
+    _capture_buckets((24, 16), flows, rows, hidden)
+    assert seen == [tape(24)] * 4, seen
+
+
 def test_every_bucket_of_a_tape_warms_up_and_captures_on_the_tapes_one_stream(emulation, monkeypatch):
     """The caching allocator hands a freed block of a pool only to allocations on the stream that freed it: a
     side stream per bucket kept each capture from the workspace the previous ones left in the shared pool."""
