@@ -239,6 +239,44 @@ def test_a_check_out_of_bounds_fails_the_run():
     assert failed("users_path", *users[:4], {**tables, "tables": []}) == [check]
 
 
+def test_section_b_accounts_what_each_memory_pool_holds():
+    """Section b's per-pool accounting (CUDA only, so checked on a made-up torch.cuda.memory_snapshot()): per pool,
+    its segments' bytes and their allocated blocks', and the segment with the most free bytes, which shows a
+    segment that one live tensor keeps reserved (a replaced tape's, split for the next output gradient); the
+    report lists each pool of both runs."""
+    from tooling.gpu_graph import pool_accounting
+    from tooling.gpu_report import floater_graph_lines
+
+    mib = 2**20
+
+    def segment(pool, *blocks):
+        return {"segment_pool_id": pool, "total_size": sum(size for size, _ in blocks) * mib,
+                "blocks": [{"size": size * mib, "state": state} for size, state in blocks]}
+
+    segments = [segment((0, 0), (36, "active_allocated"), (322, "inactive")),
+                segment((0, 0), (3, "active_allocated"), (1, "active_awaiting_free"), (16, "inactive")),
+                segment((0, 0), (718, "active_allocated")),
+                segment((0, 7), (36, "active_allocated"), (164, "inactive"))]
+    pools = pool_accounting(segments)
+    assert pools == [
+        {"pool": "default", "pool_id": [0, 0], "segments": 3, "reserved_mib": 1096.0, "allocated_mib": 757.0,
+         "most_free_segment_mib": [358.0, 36.0]},
+        {"pool": "graph", "pool_id": [0, 7], "segments": 1, "reserved_mib": 200.0, "allocated_mib": 36.0,
+         "most_free_segment_mib": [200.0, 36.0]}]
+    row = {"kind": "order_memory", "order": "shortest-first", "dims": "base", "tokens": 4096, "captured_buckets": 1,
+           "graph_memory_measure": "m", "reserved_loop_mib": 1012.0, "reserved_graph_mib": 2458.0,
+           "peak_loop_mib": 3015.8, "peak_graph_mib": 3194.7, "held_by_graphs_mib": 795.5,
+           "graph_memory_mib": 1446.0, "tape_mib": 717.2, "bucket_buffers_mib": 80.2, "bound_mib": 1155.9,
+           "pools_loop": pools[:1],
+           "pools_graph": pools}
+    lines = floater_graph_lines({"sections": {"floater_graph": {"rows": [row]}}})
+    assert "| shortest-first | loop | default | 3 | 1096.0 | 757.0 | 358.0 / 36.0 |" in lines
+    assert "| shortest-first | graphs | graph | 1 | 200.0 | 36.0 | 200.0 / 36.0 |" in lines
+    dry = {**row, "pools_loop": None, "pools_graph": None}  # the dry run has no CUDA allocator
+    assert not any("memory pool" in line for line in floater_graph_lines({"sections": {"floater_graph": {
+        "rows": [dry]}}}))
+
+
 @pytest.mark.slow
 def test_dry_run_of_the_invariance_section(data, tmp_path):
     """f.: every row of the scheme table in fp32 and bf16 (small lengths, 4 steps on CPU), and one seed twice with

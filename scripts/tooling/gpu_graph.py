@@ -2,7 +2,8 @@
 step-by-step loop. The solve's values and gradients; fairseq's Trainer with --update-freq in fp32, --amp, --fp16
 and --bf16 (the gradient the optimizer steps with, graph vs loop, and the buckets captured); training steps at
 every length longest-first and shortest-first, and what the graphs add to torch.cuda.memory_reserved() against
-GRAPH_MEMORY_MARGIN × the stage tape plus the buckets' own buffers. build_trainer serves section f too.
+GRAPH_MEMORY_MARGIN × the stage tape plus the buckets' own buffers, with what each memory pool then holds
+(pool_accounting). build_trainer serves section f too.
 """
 from tooling.gpu_common import GRAPH_MEMORY_MARGIN, PLUGINS, TRAINER_MODES, log
 
@@ -129,6 +130,28 @@ def bucket_buffer_bytes(flows, rows, hidden, bucket, element=4):
     return flows * (bucket * rows * hidden + rows * hidden + hidden * hidden + 4 * hidden) * element
 
 
+def pool_accounting(segments):
+    """What each memory pool holds, from torch.cuda.memory_snapshot()'s segments: per segment_pool_id ((0, 0): the
+    default pools; any other: a CUDA graph's private pool) its segments, their bytes (what memory_reserved()
+    counts), the bytes of their allocated blocks, and the segment with the most free bytes (size, allocated).
+    After empty_cache, reserved − allocated is what the allocator could not return: the free blocks of segments
+    that still hold an allocation (a graph's pool keeps all of its segments while a graph captured into it lives)."""
+    mib, pools = 2**20, {}
+    for segment in segments:
+        allocated = sum(b["size"] for b in segment["blocks"] if b["state"] == "active_allocated")
+        pool = pools.setdefault(tuple(segment["segment_pool_id"]),
+                                {"segments": 0, "reserved": 0, "allocated": 0, "most_free": (0, 0)})
+        pool["segments"] += 1
+        pool["reserved"] += segment["total_size"]
+        pool["allocated"] += allocated
+        if segment["total_size"] - allocated > pool["most_free"][0] - pool["most_free"][1]:
+            pool["most_free"] = (segment["total_size"], allocated)
+    return [{"pool": "default" if pool_id == (0, 0) else "graph", "pool_id": list(pool_id),
+             "segments": p["segments"], "reserved_mib": p["reserved"] / mib, "allocated_mib": p["allocated"] / mib,
+             "most_free_segment_mib": [p["most_free"][0] / mib, p["most_free"][1] / mib]}
+            for pool_id, p in sorted(pools.items())]
+
+
 def order_check(device, dims, lengths, tokens, rows):
     """Training steps (forward and backward, no optimizer step: the parameters stay put, so graph and loop see
     the same model) at every length, longest-first and shortest-first, graph vs loop: the gradient, the buckets
@@ -175,7 +198,8 @@ def order_check(device, dims, lengths, tokens, rows):
             measured[graph] = {
                 "reserved": torch.cuda.memory_reserved() if cuda else None, "cached": cached,
                 "peak_allocated": torch.cuda.max_memory_allocated() if cuda else None,
-                "held": floater_cuda_graph.held_bytes(), "buckets": floater_cuda_graph.captured_buckets()}
+                "held": floater_cuda_graph.held_bytes(), "buckets": floater_cuda_graph.captured_buckets(),
+                "pools": pool_accounting(torch.cuda.memory_snapshot()) if cuda else None}
             del b, sample, loss
         floater_cuda_graph.reset()
         for T in sequence:
@@ -203,7 +227,8 @@ def order_check(device, dims, lengths, tokens, rows):
                  graph_memory_measure="memory_reserved() with − without graphs, after empty_cache()" if cuda else
                  "held_bytes() (dry run: no CUDA allocator)",
                  tape_mib=tape / mib, bucket_buffers_mib=buffers / mib,
-                 bound_mib=(GRAPH_MEMORY_MARGIN * tape + buffers) / mib)
+                 bound_mib=(GRAPH_MEMORY_MARGIN * tape + buffers) / mib,
+                 pools_loop=measured[False]["pools"], pools_graph=measured[True]["pools"])
         r = rows.rows[-1]
         log(f"{order}: buckets {r['captured_buckets']}, graph memory {r['graph_memory_mib']:.1f} MiB "
             f"(bound {r['bound_mib']:.1f} MiB)")

@@ -71,6 +71,17 @@ def floater_graph_lines(report):
                   f"{fmt(r['peak_graph_mib'], '.0f')} | {fmt(r['held_by_graphs_mib'], '.1f')} | "
                   f"{fmt(r['graph_memory_mib'], '.1f')} | {fmt(r['tape_mib'], '.1f')} | "
                   f"{fmt(r['bucket_buffers_mib'], '.1f')} | {fmt(r['bound_mib'], '.1f')} |" for r in memory]
+    pooled = [r for r in memory if r.get("pools_graph")]  # CUDA only
+    if pooled:
+        lines += ["", "What each memory pool holds then (`torch.cuda.memory_snapshot()`, MiB; reserved − allocated "
+                  "is what `empty_cache()` could not return):", "",
+                  "| order | run | pool | segments | reserved | allocated | segment with the most free: size / "
+                  "allocated |", "|---|---|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['order']} | {run} | {p['pool']} | {p['segments']} | {fmt(p['reserved_mib'], '.1f')} | "
+                  f"{fmt(p['allocated_mib'], '.1f')} | {fmt(p['most_free_segment_mib'][0], '.1f')} / "
+                  f"{fmt(p['most_free_segment_mib'][1], '.1f')} |"
+                  for r in pooled for run, key in (("loop", "pools_loop"), ("graphs", "pools_graph"))
+                  for p in r[key] or []]
     return lines
 
 
