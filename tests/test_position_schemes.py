@@ -794,7 +794,7 @@ OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-
                 "--floater-dt": "0.2", "--floater-method": "euler", "--floater-rtol": "0.001",
                 "--floater-atol": "1e-05", "--floater-adjoint": None, "--floater-hidden": "32",
                 "--floater-update-every": "2", "--floater-cuda-graph": None, "--floater-layers": "input",
-                "--floater-cache-whole-bias": None, "--floater-flow-init": "xavier"}
+                "--floater-cache-whole-bias": None, "--floater-flow-init": "xavier", "--floater-shared-solve": None}
 OWNED = [(row, flag) for row in STACK_ROWS for flag in row.cls.flags]  # a prior's: tests/test_cross_prior.py
 
 
