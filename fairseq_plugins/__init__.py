@@ -1,6 +1,5 @@
 """fairseq user-dir package: position encodings for Transformer MT (`--user-dir fairseq_plugins`)."""
 
-import atexit
 import re
 import sys
 
@@ -17,6 +16,9 @@ if tuple(int(v) for v in re.match(r"(\d+)\.(\d+)", str(torch.__version__)).group
                       f"({torch.__file__}); see docs/setup.md")
 
 from . import models  # noqa: E402,F401  (registers models and architectures)
+from .fairseq_check import log_once as _log_fairseq_once  # noqa: E402
+
+_log_fairseq_once()  # on a fairseq without this project's patch: what is refused there, in one line
 
 
 def _one_line_errors(default_hook):
@@ -38,32 +40,6 @@ if not hasattr(sys.excepthook, "default_hook"):  # once, whatever the number of 
     sys.excepthook = _one_line_errors(sys.excepthook)
 
 
-def _destroy_gloo_process_group():
-    """fairseq returns from training without destroying its process group. A gloo group's worker threads can
-    still hold finished work (tensors) when the interpreter shuts down; releasing it then takes the GIL, which
-    a finalizing interpreter no longer grants, and a run that finished aborts ("terminate called without an
-    active exception", exit status -6, or a segfault). Destroyed at exit, while Python is still whole, the group
-    goes quietly. Gloo only: NCCL's teardown is left to torch, as fairseq leaves it."""
-    import torch.distributed as dist
+from . import exit_handling  # noqa: E402
 
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
-        dist.destroy_process_group()
-        _drop_group_references(dist.ProcessGroup)
-
-
-def _drop_group_references(group_type):
-    """destroy_process_group() unregisters every group, but a group (and its threads) lives on while Python
-    holds it. Two references do in every fairseq run: fairseq caches its data-parallel group on
-    get_global_group, and torch.distributed.nn.functional, first imported after the group's creation (by
-    torch.optim's first optimizer), binds the world group as its functions' default ``group``."""
-    fairseq_distributed = sys.modules.get("fairseq.distributed.utils")
-    if fairseq_distributed is not None:
-        vars(fairseq_distributed.get_global_group).pop("_global_group", None)
-    functional = sys.modules.get("torch.distributed.nn.functional")
-    for f in vars(functional).values() if functional is not None else ():
-        defaults = getattr(f, "__defaults__", None)
-        if isinstance(defaults, tuple) and any(isinstance(d, group_type) for d in defaults):
-            f.__defaults__ = tuple(None if isinstance(d, group_type) else d for d in defaults)
-
-
-atexit.register(_destroy_gloo_process_group)
+exit_handling.register()

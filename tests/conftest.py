@@ -128,7 +128,7 @@ SLOW_MODULES = {"test_pipeline", "test_learning", "test_hub", "test_multi30k_stu
                 "test_multi30k_study_train_short", "test_multi30k_study_retrain", "test_multi30k_smoke",
                 "test_resume", "test_distributed", "test_slurm", "test_launchers", "test_precision_decode",
                 "test_gpu_check", "test_wmt_pipeline", "test_floater_reproducibility", "test_evaluate",
-                "test_prep_interrupt"}
+                "test_prep_interrupt", "test_own_fairseq"}
 SLOW_FIXTURES = {"toy_models", "toy_data"}
 PARAM = type(pytest.param(None))
 
@@ -156,7 +156,7 @@ def on_the_diagonal(item):
 # the toy models (pipeline's Transformer, hub's relative and FLOATER, which test_precision_decode and test_learning
 # read well after hub: asked for at once, one worker would wait a 12-epoch training out).
 COSTLIEST_FIRST = ("test_multi30k_study", "test_pipeline", "test_multi30k_study_schemes", "test_hub",
-                   "test_multi30k_study_train_short", "test_campaign", "test_precision", "test_adam_impl",
+                   "test_multi30k_study_train_short", "test_campaign", "test_own_fairseq", "test_precision", "test_adam_impl",
                    "test_floater_cuda_graph",
                    "test_distributed", "test_fairseq_patch",
                    "test_gpu_bundle", "test_slurm", "test_multi30k_study_retrain", "test_multi30k_smoke",

@@ -172,7 +172,8 @@ import fairseq_plugins
 
 
 GLOO_THREADS_AT_EXIT = """
-import atexit, os, sys, time
+import atexit, gc, os, sys, time
+gc.disable()  # the worst case of the race: the cyclic collector has not run since training returned
 def gloo_threads():  # the names of this process's threads that belong to a gloo group
     names = (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
     return sorted(n for n in names if "gloo" in n)
@@ -193,11 +194,40 @@ def test_no_gloo_thread_outlives_a_finished_run(data, tmp_path):
     run holds two: fairseq's own data-parallel group (cached on get_global_group) and the world group (a default
     argument of torch.distributed.nn.functional, imported after init). Their worker threads then live into
     interpreter shutdown: the race behind a rank that finished training and still died there ("terminate called
-    without an active exception", then a segfault). At exit, after the plugins' handler, no gloo thread may be
-    left (seen: both groups' threads without the handler's reference drops, one group's with either alone)."""
+    without an active exception", then a segfault). A third holder is the DistributedDataParallel wrapper, in a
+    reference cycle that only the cyclic collector frees; whether it has run by exit depends on timing (the
+    ranks' store polling), so under load a rank kept that group's three threads. The run disables automatic
+    collection, the worst case, which makes the check independent of load. At exit, after the plugins' handler,
+    no gloo thread may be left (seen: both groups' threads without the handler's reference drops, one group's
+    with either alone, and the DDP group's without the handler's collection)."""
     wrap = lambda cmd: [sys.executable, "-c", GLOO_THREADS_AT_EXIT, *cmd[1:]]  # noqa: E731
     ranks = two_ranks(data, tmp_path / "ddp", "transformer_tiny", "--ddp-backend", "pytorch_ddp",
                       log_prefix=tmp_path / "rank", max_update=2, timeout=300, wrap=wrap)
     for rank, (returncode, log) in enumerate(ranks):
         assert returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
         assert "gloo threads at exit: []" in log, f"rank {rank}:\n{log[-1500:]}"
+
+
+REFUSED_AT_FIRST_STEP = """
+import sys, torch
+import fairseq_plugins.fairseq_check as check
+check.patched = lambda: False  # the refusals of a fairseq without the patch: an error raised by a training step
+from fairseq_cli.train import cli_main
+torch.cuda.current_device = lambda: None  # FP16Optimizer's buffer on the CPU (tests/cpu_fp16_train.py)
+sys.argv[0] = "fairseq-train"
+cli_main()
+"""
+
+
+def test_a_run_ended_by_an_error_exits_with_its_line_not_an_abort(data, tmp_path):
+    """An error raised by the first training step (here the refusal of FLOATER's cached updates under --fp16 on a
+    fairseq without the patch) leaves fairseq's batch-making daemon thread inside torch's C++ code; the finalizing
+    interpreter then made that thread exit by unwinding through C++ frames, which aborted the process after the
+    error's line ("terminate called without an active exception", exit status 134). The plugins' exit handler
+    waits for the thread to block on its full queue first, so the run ends with the error's line and status 1."""
+    cmd = train_cmd(data, tmp_path / "ckpt", "floater_transformer_tiny", "--floater-update-every", "3", "--fp16",
+                    "--fp16-init-scale", "16", max_update=3)
+    for attempt in range(3):  # the abort needs the thread inside C++ at exit: seen at every attempt on the old code
+        proc = run1([sys.executable, "-c", REFUSED_AT_FIRST_STEP, *cmd[1:]], check=False)
+        last = proc.stdout.strip().splitlines()[-1]
+        assert proc.returncode == 1 and last.startswith("UnpatchedFairseq: "), f"attempt {attempt}:\n{proc.stdout[-1500:]}"

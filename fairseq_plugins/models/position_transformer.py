@@ -45,6 +45,7 @@ from fairseq.modules import LearnedPositionalEmbedding
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+from .. import fairseq_check
 from ._base import RECORD, PluginTransformerModel, encode_record
 from ._config import as_namespace
 from ..flags import FlagError, OneLineFlag, one_of
@@ -136,6 +137,11 @@ def _positional(layer_base):
             # reference, not a submodule of every layer (the stack owns it)
             object.__setattr__(self, "position_scheme", position_scheme)
             super().__init__(cfg, *args, **kwargs)
+            # fairseq 0.12.2 without this project's patch: after a checkpoint load its encoder sends an eval batch
+            # through torch's BetterTransformer kernel, which never calls self.self_attn (the scheme's attention);
+            # both the encoder and the layer test this flag first
+            if hasattr(self, "can_use_fastpath"):
+                self.can_use_fastpath = False
 
         def build_self_attention(self, embed_dim, cfg, **extra):
             if self.position_scheme is None:
@@ -320,6 +326,8 @@ class PositionTransformerModel(PluginTransformerModel):
         return [m for m in (self.encoder.position_scheme, self.decoder.position_scheme) if m is not None]
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
+        if self.training and getattr(self, "unpatched_refusal", None):
+            raise fairseq_check.UnpatchedFairseq(self.unpatched_refusal)
         longest = max(src_tokens.size(1), prev_output_tokens.size(1))
         with ExitStack() as batch:  # one model forward: its longest sequence (FLOATER: one solve, both stacks)
             for module in self._scheme_modules():
@@ -341,9 +349,13 @@ class PositionTransformerModel(PluginTransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        settings = fairseq_check.settings_reader(args)  # the run's precision and DDP settings, as handed over
         args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
         cls.prepare_args(args)
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        # refused at the first training forward, not here: decoding builds the model from the training flags
+        model.unpatched_refusal = fairseq_check.unpatched_refusal(settings, args, model)
+        return model
 
     @classmethod
     def prepare_args(cls, args):

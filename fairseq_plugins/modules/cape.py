@@ -30,10 +30,10 @@ sinusoid are computed in float32 (float64 for a float64 model), then cast to the
 import math
 
 import torch
-from fairseq.modules import SinusoidalPositionalEmbedding
 
 from ..flags import Flag, at_least
 from .position_scheme import PositionScheme
+from .sinusoid_table import SinusoidTable
 
 
 def continuous_sinusoid(positions, dim, padding_idx):
@@ -49,7 +49,7 @@ def continuous_sinusoid(positions, dim, padding_idx):
     return out
 
 
-class CapePositionalEmbedding(SinusoidalPositionalEmbedding):
+class CapePositionalEmbedding(SinusoidTable):
     def __init__(self, embedding_dim, padding_idx, init_size, max_global_shift, max_local_shift,
                  max_global_scaling):
         super().__init__(embedding_dim, padding_idx, init_size)
@@ -65,7 +65,7 @@ class CapePositionalEmbedding(SinusoidalPositionalEmbedding):
             return super().forward(input, incremental_state, timestep, positions)
         bsz, seq_len = input.shape
         real = input.ne(self.padding_idx)
-        dtype = torch.promote_types(torch.float32, self._float_tensor.dtype)  # never fp16/bf16 positions
+        dtype = torch.promote_types(torch.float32, self.model_float.dtype)  # never fp16/bf16 positions
         rank = (torch.cumsum(real, dim=1) - 1).clamp(min=0)  # t = 0, 1, ... over the real tokens
         device = input.device
         delta = (torch.rand(bsz, 1, device=device).to(dtype) * 2 - 1) * self.max_global_shift
@@ -75,7 +75,7 @@ class CapePositionalEmbedding(SinusoidalPositionalEmbedding):
         t = (rank.to(dtype) + delta + eps) * torch.exp(log_scale)
         emb = continuous_sinusoid(t + (self.padding_idx + 1), self.embedding_dim, self.padding_idx)
         emb = emb.masked_fill(~real.unsqueeze(-1), 0.0)  # pads: fairseq's zero row
-        return emb.to(self._float_tensor.dtype).detach()
+        return emb.to(self.model_float.dtype).detach()
 
 
 class CAPE(PositionScheme):

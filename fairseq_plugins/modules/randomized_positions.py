@@ -39,10 +39,10 @@ sequence's real tokens: pads get nothing (fairseq's zero row), left padding shif
 
 import torch
 from fairseq.models import FairseqDecoder
-from fairseq.modules import SinusoidalPositionalEmbedding
 
 from ..flags import Flag, FlagError, one_of, positive
 from .position_scheme import PositionScheme
+from .sinusoid_table import SinusoidTable
 
 EVAL_SEED = 0  # the one draw of evaluation's positions (prefix)
 EVAL_RULES = ("spread", "prefix")
@@ -62,7 +62,7 @@ def eval_positions(max_position, count):
     return torch.randperm(max_position, generator=generator)[:count].sort().values
 
 
-class RandomizedPositionalEmbedding(SinusoidalPositionalEmbedding):
+class RandomizedPositionalEmbedding(SinusoidTable):
     def __init__(self, embedding_dim, padding_idx, max_position, num_positions, eval_rule="prefix",
                  length_ratio=None):
         super().__init__(embedding_dim, padding_idx, padding_idx + 1 + max_position)
@@ -74,7 +74,7 @@ class RandomizedPositionalEmbedding(SinusoidalPositionalEmbedding):
 
     def table(self):
         """The sinusoid table, in the model's float dtype (scripts/randomized_eval.py indexes it too)."""
-        self.weights = self.weights.to(self._float_tensor)  # float32 table (float64 for a float64 model)
+        self.weights = self.weights.to(self.model_float)  # float32 table (float64 for a float64 model)
         return self.weights
 
     def forward(self, input, incremental_state=None, timestep=None, positions=None):

@@ -30,11 +30,12 @@ from fairseq.modules import SinusoidalPositionalEmbedding
 
 from ..flags import Flag, at_least
 from .position_scheme import PositionScheme
+from .sinusoid_table import SinusoidTable
 
 VERSION = 2  # 1 (or no entry): k ~ U{0..K} in training, 0 in eval mode; 2: the authors' U{0..K-1}, then K
 
 
-class ShapePositionalEmbedding(SinusoidalPositionalEmbedding):
+class ShapePositionalEmbedding(SinusoidTable):
     def __init__(self, embedding_dim: int, padding_idx: int, init_size: int, max_shift: int, eval_offset: int):
         super().__init__(embedding_dim, padding_idx, init_size + max(max_shift, eval_offset))
         self.max_shift, self.eval_offset = max_shift, eval_offset
@@ -55,7 +56,7 @@ class ShapePositionalEmbedding(SinusoidalPositionalEmbedding):
         need = self.padding_idx + 1 + seq_len + max(self.num_shifts, self.eval_offset)
         if self.weights is None or need > self.weights.size(0):
             self.weights = SinusoidalPositionalEmbedding.get_embedding(need, self.embedding_dim, self.padding_idx)
-        self.weights = self.weights.to(self._float_tensor)
+        self.weights = self.weights.to(self.model_float)
         if incremental_state is not None:  # one decoder step, as fairseq's: position padding_idx + step + 1
             step = timestep.view(-1)[0] + 1 if timestep is not None else seq_len
             return self.weights[self.padding_idx + step + self.eval_offset, :].expand(bsz, 1, -1)
