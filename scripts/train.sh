@@ -70,15 +70,20 @@ done
 LAUNCH=()
 EXTRA=()
 if [ "${LAUNCHER:-local}" = srun ]; then
-  WORLD=${SLURM_NTASKS:?LAUNCHER=srun needs a Slurm allocation (SLURM_NTASKS unset)}
+  : "${SLURM_JOB_ID:?LAUNCHER=srun needs a Slurm allocation (SLURM_JOB_ID unset)}"
+  WORLD=${SLURM_NTASKS:-${SLURM_NNODES:-1}}  # no task count asked for: one task a node (Slurm's default)
+  TASKS=$WORLD
   if [ "$CPU" != 1 ] && [ "$WORLD" = "${SLURM_NNODES:-1}" ]; then
     # one task per node: fairseq's Slurm detection then starts one process per GPU of each node itself
     WORLD=$(( ${SLURM_NNODES:-1} * $("$PY" -c 'import torch; print(torch.cuda.device_count())') ))
   fi
-  PORT=${PORT:-$((10000 + ${SLURM_JOB_ID:-0} % 20000))}
-  LAUNCH=(srun --kill-on-bad-exit=1 --ntasks="$WORLD")
-  EXTRA+=("distributed_training.distributed_port=$PORT")
-  [ "$CPU" = 1 ] && EXTRA+=("distributed_training.distributed_backend=gloo")
+  LAUNCH=(srun --kill-on-bad-exit=1 --ntasks="$TASKS")
+  if [ "$CPU" != 1 ] || [ "$TASKS" -gt 1 ]; then
+    # not for one CPU task: fairseq's Slurm detection would give it a process per GPU, none, and exit 0 untrained
+    PORT=${PORT:-$((10000 + ${SLURM_JOB_ID:-0} % 20000))}
+    EXTRA+=("distributed_training.distributed_port=$PORT")
+    [ "$CPU" = 1 ] && EXTRA+=("distributed_training.distributed_backend=gloo")
+  fi
 elif [ "$CPU" = 1 ]; then
   WORLD=1
 else

@@ -159,7 +159,7 @@ COSTLIEST_FIRST = ("test_multi30k_study", "test_pipeline", "test_multi30k_study_
                    "test_multi30k_study_train_short", "test_campaign", "test_own_fairseq", "test_precision", "test_adam_impl",
                    "test_floater_cuda_graph",
                    "test_distributed", "test_fairseq_patch",
-                   "test_gpu_bundle", "test_slurm", "test_multi30k_study_retrain", "test_multi30k_smoke",
+                   "test_gpu_bundle", "test_slurm", "test_submit_paper", "test_multi30k_study_retrain", "test_multi30k_smoke",
                    "test_precision_decode", "test_bad_input", "test_readme", "test_learning", "test_position_schemes",
                    "test_configs", "test_launchers", "test_gpu_check")
 

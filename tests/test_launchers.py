@@ -2,6 +2,7 @@
 evaluated the papers' way (checkpoint averaging, beam search, both BLEU scores, results JSON).
 (scripts/train.sbatch on a real Slurm cluster: tests/test_slurm.py.)"""
 import json
+import sys
 import re
 import shutil
 
@@ -100,3 +101,41 @@ def test_evaluate_sh_names_what_is_missing(tmp_path):
                env_extra={"SAVE_DIR": str(tmp_path / "none")})
     assert proc.returncode == 1
     assert f"evaluate.sh: {tmp_path}/bin/dict.src.txt not found (expected a scripts/recipes/prepare_wmt14.sh output" in proc.stdout
+
+
+@pytest.mark.parametrize("slurm, tasks, world", [
+    ({"SLURM_NNODES": "2"}, 2, 16),  # no task count: one task a node, which starts a process per GPU (2 x 8)
+    ({"SLURM_NNODES": "2", "SLURM_NTASKS": "16"}, 16, 16),  # one task per GPU
+    ({"SLURM_NNODES": "2", "SLURM_NTASKS": "2"}, 2, 16),  # --ntasks-per-node=1
+])
+def test_train_sh_under_srun_starts_a_task_per_slurm_task(slurm, tasks, world, tmp_path):
+    """LAUNCHER=srun (scripts/train.sbatch) on 2 nodes of 8 GPUs: srun starts the allocation's tasks, and fairseq's
+    world is every GPU. A stand-in srun prints what it was asked to start; a stand-in python reports 8 GPUs."""
+    line = srun_line(tmp_path, slurm)
+    assert f"--ntasks={tasks} fairseq-hydra-train" in line
+    assert f"distributed_training.distributed_world_size={world}" in line
+
+
+@pytest.mark.parametrize("tasks", [None, "1", "2"])
+def test_train_sh_under_srun_on_cpu(tasks, tmp_path):
+    """CPU=1: one gloo process per Slurm task; one task alone runs without fairseq's Slurm detection, which would
+    give it a process per GPU (none) and end at once, untrained, with exit status 0."""
+    line = srun_line(tmp_path, {"SLURM_NNODES": "1", **({"SLURM_NTASKS": tasks} if tasks else {}), "CPU": "1"})
+    world = int(tasks or 1)
+    assert f"--ntasks={world} fairseq-hydra-train" in line and f"distributed_world_size={world}" in line
+    assert ("distributed_port=" in line) == (world > 1) and ("distributed_backend=gloo" in line) == (world > 1)
+
+
+def srun_line(tmp_path, slurm):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/bin/sh\necho "srun $*"\n')
+    (fake / "python").write_text(f'#!/bin/sh\ncase "$*" in *device_count*) echo 8 ;; *) exec {sys.executable} "$@" ;; esac\n')
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    proc = run(["bash", "scripts/train.sh", "toy_recipe", "optimization.update_freq=[1]"], check=False, env_extra={
+        **slurm, "LAUNCHER": "srun", "SLURM_JOB_ID": "7", "PY": str(fake / "python"), "SAVE_DIR": str(tmp_path / "s"),
+        "PATH": f"{fake}:{BIN}:/usr/bin:/bin"})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("srun ")]
+    assert lines, proc.stdout
+    return lines[0]

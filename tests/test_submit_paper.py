@@ -1,0 +1,131 @@
+"""scripts/submit_paper.py on a real (one-node, localhost) Slurm cluster: the papers' job graph (training, FLOATER's
+warm start after its Transformer, evaluations, the tables last) for five WMT14 cells shrunk to the toy task on CPU.
+
+Two cells train and evaluate (a Transformer on newstest2014, Shaw's relative on newstest2013), one warm start converts
+the Transformer's checkpoint and trains after it; En-Fr's Transformer fails (the toy data has no French dictionary),
+so its evaluation and its warm start are cancelled, and the table names all three holes and why. A rerun while the
+jobs run submits nothing; one after the end submits nothing for what finished, and only the evaluation for a cell
+whose training ended.
+"""
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, env, run
+from test_slurm import cluster  # noqa: F401  (the module's cluster fixture)
+
+DE_T, DE_R, DE_W = "wmt14_en_de_base_transformer", "wmt14_en_de_base_relative", "wmt14_en_de_base_floater_all_warm"
+FR_T, FR_W = "wmt14_en_fr_base_transformer", "wmt14_en_fr_base_floater_all_warm"
+CELLS = [DE_T, DE_R, DE_W, FR_T, FR_W]
+TINY = [f"++model.{k}" for k in ("encoder_embed_dim=16", "decoder_embed_dim=16", "encoder_ffn_embed_dim=32",
+        "decoder_ffn_embed_dim=32", "encoder_layers=1", "decoder_layers=1", "encoder_attention_heads=2",
+        "decoder_attention_heads=2")] + ["optimization.max_update=4",
+        "optimization.update_freq=[1]", "dataset.max_tokens=1024", "dataset.max_valid_steps=1",
+        "dataset.num_workers=0"]
+
+
+@pytest.fixture(scope="module")
+def en_de(tmp_path_factory):
+    """A prepare_wmt14.sh-shaped en-de folder (raw/, spm.model, bin/ with a joined dictionary): the toy task with
+    30 test and valid sentences."""
+    out = tmp_path_factory.mktemp("toy_en_de")
+    raw = out / "raw"
+    run([sys.executable, "scripts/make_toy_data.py", "--out", str(out / "toy"), "--train", "600", "--valid", "30",
+         "--test", "30", "--test-long", "2"])
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        for ours, theirs in (("en", "src"), ("de", "tgt")):
+            shutil.copy(out / "toy" / f"{split}.{theirs}", raw / f"{split}.{ours}")
+    run(["bash", "scripts/prepare_bitext.sh", str(raw), str(out), "en", "de", "200"])
+    return out
+
+
+def paper_numbers(path):
+    table = {"source": "toy", "row_header": ["scheme"], "columns": ["En-De", "En-Fr"]}
+    path.write_text(json.dumps({"metric": "bleu_tokenized", "tables": [
+        {**table, "title": "Toy FLOATER table", "testset": "newstest2014", "rows": [
+            {"label": ["Transformer"], "cells": [{"experiment": DE_T, "paper": 27.3}, {"experiment": FR_T, "paper": 38.1}]},
+            {"label": ["FLOATER (warm)"], "cells": [{"experiment": DE_W, "paper": 28.6}, {"experiment": FR_W, "paper": 41.6}]}]},
+        {**table, "title": "Toy Shaw ablation", "testset": "newstest2013", "columns": ["En-De"], "rows": [
+            {"label": ["relative"], "cells": [{"experiment": DE_R, "paper": 25.8}]}]}]}))
+    return path
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_paper_chain_runs_names_its_holes_and_resubmits_nothing(cluster, en_de, tmp_path):  # noqa: F811
+    ckpts, results = tmp_path / "ckpt", tmp_path / "results"
+    common = ["--checkpoints", str(ckpts), "--results", str(results),
+              "--paper-numbers", str(paper_numbers(tmp_path / "paper.json"))]
+    e = {**env(), **cluster.env, "CPU": "1", "OMP_NUM_THREADS": "1"}
+
+    def submit(*cells, extra=()):
+        proc = subprocess.run([sys.executable, "scripts/submit_paper.py", *cells, *common, *extra,
+                               "--eval-args", f"--cpu --data-dir {en_de} --checkpoint-kind last",
+                               # the tiny dims are the training's overrides, not the arch's: its base arch takes IN's
+                               "--warm-args=--arch floater_transformer",
+                               *[f"--override={o}" for o in [f"task.data={en_de / 'bin'}", *TINY]]],
+                              cwd=REPO, env=e, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        return proc.stdout
+
+    started = time.time()
+    first = submit(*CELLS)
+    assert f"{DE_W}: training after job" in first and f"{DE_R}: evaluation on newstest2013" in first
+    manifest = json.loads((ckpts / "submit_paper.json").read_text())
+    jobs = manifest["cells"]
+    assert re.search(rf"{DE_W}: training after job {jobs[DE_T]['train']} \({DE_T}\)", first)
+    assert set(jobs[DE_R]["eval"]) == {"newstest2013"} and set(jobs[DE_T]["eval"]) == {"newstest2014"}
+    # a rerun while the En-De jobs are queued or running submits none of them again
+    again = submit(DE_T, DE_R, DE_W)
+    assert "nothing to submit" in again and again.count("not submitted again") == 3, again
+
+    tables = manifest["tables"]
+    info = cluster.wait(tables, lambda i: i.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", None),
+                        timeout=900, poll=2, release_after=None, output=ckpts / f"slurm-tables-{tables}.out")
+    wall = time.time() - started
+    assert info["JobState"] == "COMPLETED", cluster.diagnostics(ckpts / f"slurm-tables-{tables}.out")
+    logs = {p.name: p.read_text(errors="replace")[-1500:] for p in ckpts.glob("slurm-*.out")}
+    for cell, testset in ((DE_T, "newstest2014"), (DE_W, "newstest2014"), (DE_R, "newstest2013")):
+        name = f"{cell}.json" if testset == "newstest2014" else f"{cell}.{testset}.json"
+        assert (results / name).is_file(), f"{name} missing; logs: {logs}"
+        assert json.loads((results / name).read_text())["testset"] == testset
+    warm_log = (ckpts / DE_W / "train.log").read_text()
+    assert "warm_start.pt" in warm_log and (ckpts / DE_W / "warm_start.pt").is_file()
+
+    text = (results / "tables.md").read_text()
+    assert re.search(r"\| Transformer \| \d+\.\d\d \(27\.3, [+-]\d+\.\d\d\) \| not run \(38\.1\) \|", text), text
+    assert re.search(r"\| FLOATER \(warm\) \| \d+\.\d\d \(28\.6, [+-]\d+\.\d\d\) \| not run \(41\.6\) \|", text), text
+    assert re.search(r"\| relative \| \d+\.\d\d \(25\.8, [+-]\d+\.\d\d\) \|", text), text
+    holes = text[text.index("## Cells without a result"):]
+    fr_train = jobs[FR_T]["train"]
+    assert re.search(rf"- `{FR_T}`: training job {fr_train} FAILED \(exit 1:0\); log \S*slurm-train-{FR_T}-{fr_train}\.out",
+                     holes), holes
+    assert f"- `{FR_W}`: not started: {FR_T}, whose checkpoint it starts from, did not train (training job {fr_train} FAILED" in holes
+    assert holes.count("\n- ") == 2, holes  # the two En-Fr cells, nothing else
+
+    # after the end: nothing for what finished; the failed cells alone again (a retry); only an evaluation for a
+    # cell whose training ended
+    assert "nothing to submit" in submit(DE_T, DE_R, DE_W)
+    (results / f"{DE_R}.newstest2013.json").unlink()
+    dry = submit(*CELLS, extra=["--dry-run"])
+    assert f"{DE_R}: trained; evaluating" in dry and f"{DE_T}: done" in dry and f"{DE_W}: done" in dry
+    submitted = [line for line in dry.splitlines() if line.startswith("  sbatch ")]
+    assert [re.search(r"--job-name (\S+)", s).group(1) for s in submitted] == [
+        f"train-{FR_T}", f"eval-{FR_T}-newstest2014", f"eval-{DE_R}-newstest2013", f"train-{FR_W}",
+        f"eval-{FR_W}-newstest2014", "tables"], dry
+    assert f"{FR_W}: training after job dry1 ({FR_T})" in dry
+    print(f"toy chain: {wall:.0f} s from submission to the table")
+
+
+def test_bad_cells_get_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "scripts/submit_paper.py", "wmt14_en_de_base_nosuch", "--dry-run",
+                           "--checkpoints", str(tmp_path)], cwd=REPO, env=env(), capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        "submit_paper.py: wmt14_en_de_base_nosuch: not a WMT14 cell (expected paper, newer or a name from "
+        "make_tables.py --list, e.g. wmt14_en_de_base_relative)")
