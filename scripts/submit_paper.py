@@ -170,6 +170,27 @@ def submit(args, paper_numbers, slurm):
     order = [b[0] for b in bases.values() if b] + wanted
     order = list(dict.fromkeys(order))
     train_job, submitted, waiting = {}, [], []
+    try:
+        submit_cells(args, slurm, order, evals, bases, jobs, train_job, submitted, waiting)
+        manifest["wanted"] = list(dict.fromkeys(manifest.get("wanted", []) + wanted))
+        if submitted:
+            tables = [sys.executable, str(Path(__file__).resolve()), "--write-tables", "--manifest", str(manifest_path),
+                      "--results", str(args.results), "--checkpoints", str(args.checkpoints),
+                      "--paper-numbers", str(args.paper_numbers)]
+            manifest["tables"] = slurm.submit(job_args(args, "tables", [], submitted + waiting, "afterany") +
+                                              ["--wrap", shlex.join(tables)], {})
+            print(f"tables: job {manifest['tables']} after {len(submitted) + len(waiting)} jobs -> "
+                  f"{shown(Path(args.results) / 'tables.md')}")
+        else:
+            print("nothing to submit")
+    finally:  # what was submitted is recorded even when a later sbatch failed, so a rerun does not submit it twice
+        if not args.dry_run and (submitted or not manifest_path.is_file()):
+            write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")
+            print(f"manifest: {shown(manifest_path)}")
+
+
+def submit_cells(args, slurm, order, evals, bases, jobs, train_job, submitted, waiting):
+    """Submits each cell's jobs that are neither finished nor queued; records each job id in `jobs` at once."""
     for cell in order:
         todo = [t for t in evals.get(cell, []) if not result_file(args, cell, t).is_file()]
         entry = jobs.get(cell, {})
@@ -186,7 +207,7 @@ def submit(args, paper_numbers, slurm):
                 train_job[cell] = entry["train"]
             waiting += live
             continue
-        entry = {"train": None, "eval": {}}
+        entry = jobs[cell] = {"train": None, "eval": {}}
         env = {"SAVE_DIR": str(save_dir(args, cell)), "RESULTS_DIR": str(args.results)}
         if training_finished(save_dir(args, cell)):
             print(f"{cell}: trained; evaluating")
@@ -208,21 +229,6 @@ def submit(args, paper_numbers, slurm):
                 job_args(args, f"eval-{cell}-{testset}", shlex.split(args.eval), [entry["train"]] if entry["train"] else None) +
                 ["--wrap", shlex.join(["bash", "scripts/evaluate.sh", cell, *subset, *shlex.split(args.eval_args)])], env)
             submitted.append(entry["eval"][testset])
-        jobs[cell] = entry
-    manifest["wanted"] = list(dict.fromkeys(manifest.get("wanted", []) + wanted))
-    if submitted:
-        tables = [sys.executable, str(Path(__file__).resolve()), "--write-tables", "--manifest", str(manifest_path),
-                  "--results", str(args.results), "--checkpoints", str(args.checkpoints),
-                  "--paper-numbers", str(args.paper_numbers)]
-        manifest["tables"] = slurm.submit(job_args(args, "tables", [], submitted + waiting, "afterany") +
-                                          ["--wrap", shlex.join(tables)], {})
-        print(f"tables: job {manifest['tables']} after {len(submitted) + len(waiting)} jobs -> "
-              f"{shown(Path(args.results) / 'tables.md')}")
-    else:
-        print("nothing to submit")
-    if not args.dry_run:
-        write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")
-        print(f"manifest: {shown(manifest_path)}")
 
 
 def failure(slurm, job, what, args):

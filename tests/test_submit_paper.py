@@ -129,3 +129,35 @@ def test_bad_cells_get_one_line(tmp_path):
     assert proc.returncode == 1 and proc.stderr.strip() == (
         "submit_paper.py: wmt14_en_de_base_nosuch: not a WMT14 cell (expected paper, newer or a name from "
         "make_tables.py --list, e.g. wmt14_en_de_base_relative)")
+
+
+def test_a_failed_sbatch_keeps_what_was_submitted(tmp_path):
+    """sbatch refusing the third job (a QOS limit, say): one line, and the two jobs already queued are in the
+    manifest, so the rerun waits for them instead of queueing them twice. Slurm's clients are stand-ins here: what
+    is tested is the script's bookkeeping (the real cluster: the test above)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(f"""#!/bin/sh
+n=$(( $(cat {tmp_path}/n 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/n
+[ "$n" = "${{FAIL_AT:-0}}" ] && {{ echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" >&2; exit 1; }}
+echo "$*" >> {tmp_path}/submitted; echo $n
+""")
+    (fake / "scontrol").write_text("#!/bin/sh\necho \"JobId=$4 JobName=x JobState=PENDING Reason=Priority\"\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    e = {**env(), "PATH": f"{fake}:{env()['PATH']}"}
+    cmd = [sys.executable, "scripts/submit_paper.py", DE_T, DE_R, "--checkpoints", str(tmp_path / "ckpt"),
+           "--results", str(tmp_path / "results")]
+    failed = subprocess.run(cmd, cwd=REPO, env={**e, "FAIL_AT": "3"}, capture_output=True, text=True)
+    assert failed.returncode == 1 and failed.stderr.strip() == (
+        "submit_paper.py: sbatch failed: sbatch: error: QOSMaxSubmitJobPerUserLimit"), failed.stderr
+    jobs = json.loads((tmp_path / "ckpt" / "submit_paper.json").read_text())["cells"]
+    assert jobs[DE_T] == {"train": "1", "eval": {"newstest2014": "2"}}
+    again = subprocess.run(cmd, cwd=REPO, env=e, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert f"{DE_T}: queued or running (jobs 1, 2): not submitted again" in again.stdout
+    lines = (tmp_path / "submitted").read_text().splitlines()
+    assert [re.search(r"--job-name (\S+)", ln).group(1) for ln in lines] == [
+        f"train-{DE_T}", f"eval-{DE_T}-newstest2014", f"train-{DE_R}", f"eval-{DE_R}-newstest2014",
+        f"eval-{DE_R}-newstest2013", "tables"]  # Shaw's relative: Table 1 (newstest2014) and the k ablation (2013)
+    assert "--dependency=afterany:4:5:6:1:2 " in lines[-1]  # the new jobs (3 was refused), then those waited for
