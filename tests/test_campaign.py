@@ -118,6 +118,23 @@ def test_ingest_refuses_a_missing_result_and_a_run_taken_again(tmp_path):
         cp.check_archives(report, manifest(), out)
 
 
+def test_record_keeps_each_runs_own_figures():
+    """A finished run's row carries both BLEUs (sacreBLEU `bleu`, the study's `bleu_tok_lc`): the manifest and its
+    table keep the tokenized lower-cased one, the run's wall time, and the lease's median evaluation seconds."""
+    m = manifest()
+    runs = {r["run"]: r for r in m["runs"] if r["condition"] == "default"}
+    rows = {"rope.seed1": {"bleu": 30.5, "bleu_tok_lc": 33.25, "wall_s": 812, "eval_s": 40},
+            "alibi.seed2": {"bleu": 29.0, "bleu_tok_lc": 31.5, "wall_s": 790, "eval_s": 60},
+            "t5.seed3": {"bleu": 28.0, "bleu_tok_lc": 30.75, "wall_s": 801, "eval_s": 50}}
+    report = {"code": "abc1234", "machine": "H200", "dry_run": False, "wall_s": 900}
+    cp.record(m, [(runs[name], row) for name, row in rows.items()], report, "lease-1")
+    for name, row in rows.items():
+        assert (runs[name]["status"], runs[name]["bleu_tok_lc"], runs[name]["wall_s"]) == (
+            "done", row["bleu_tok_lc"], row["wall_s"])
+    assert m["leases"][-1]["finished"] == 3 and m["leases"][-1]["eval_s_median"] == 50
+    assert "| default | rope.seed1 | done | lease-1 | 33.25 | 812 |" in cp.manifest_markdown(m)
+
+
 def campaign(*argv, timeout=1800):
     return subprocess.run([sys.executable, "scripts/campaign.py", *argv], cwd=REPO, capture_output=True, text=True,
                           env={**env(), "OMP_NUM_THREADS": "1"}, timeout=timeout)

@@ -298,6 +298,9 @@ def test_need_head_weights_and_before_softmax_keep_fairseqs_shapes():
     torch.testing.assert_close(w.sum(-1), torch.ones(HEADS, 2, 5, dtype=torch.float64))
     scores, v = m(x, x, x, before_softmax=True)
     assert scores.shape == (2 * HEADS, 5, 5) and v.shape == (2 * HEADS, 5, EMBED // HEADS)
+    # the logits are the ones the weights come from (e_ij of eq. 4, scale included): softmax gives the weights
+    w_all = m(x, x, x, need_head_weights=True)[1]
+    torch.testing.assert_close(scores.softmax(-1).view(2, HEADS, 5, 5).transpose(0, 1), w_all, rtol=0, atol=1e-12)
 
 
 def test_bfloat16_stays_close_to_float32():

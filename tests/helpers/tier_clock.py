@@ -7,8 +7,8 @@ system), which a loaded machine does not inflate as it inflates the wall clock (
 not spin, while they wait); on an idle machine a test that runs one thread at a time (make test's workers do) takes
 about as many wall seconds. A test's own time includes the fixtures it is the first to ask for (a module's shared
 model, the small corpus): what it would cost run alone. `pytest` without the variable only records. Either way the
-summary gives each tier's CPU seconds and the tests that used the most (CPU_LIST of them): what to make cheaper
-first. Under pytest-xdist each worker measures its tests and the controller, which sees every worker's reports, does
+summary gives each tier's CPU seconds and the tests and the files that used the most (CPU_LIST of each): what to
+make cheaper first. Under pytest-xdist each worker measures its tests and the controller, which sees every worker's reports, does
 the check."""
 import os
 import resource
@@ -73,6 +73,13 @@ class TierClock:
             for nodeid, seconds in sorted(self.cpu.items(), key=lambda item: -item[1])[:CPU_LIST]:
                 tier = "slow" if nodeid in self.slow else "fast"
                 terminalreporter.write_line(f"{seconds:7.1f} CPU s {self.wall[nodeid]:7.1f} s  {tier}  {nodeid}")
+            files = {}
+            for nodeid, seconds in self.cpu.items():  # per file: where a whole fixture's cost shows
+                cpu, wall, n = files.get(nodeid.split("::")[0], (0.0, 0.0, 0))
+                files[nodeid.split("::")[0]] = (cpu + seconds, wall + self.wall[nodeid], n + 1)
+            terminalreporter.section(f"the {min(CPU_LIST, len(files))} files that used the most CPU seconds")
+            for path, (cpu, wall, n) in sorted(files.items(), key=lambda item: -item[1][0])[:CPU_LIST]:
+                terminalreporter.write_line(f"{cpu:7.1f} CPU s {wall:7.1f} s  {n:4d} tests  {path}")
         offenders = self.offenders()
         if offenders:
             terminalreporter.section(f"tests not marked slow over {VARIABLE}={self.bound:g} CPU s", red=True)
