@@ -45,7 +45,8 @@ RESULTS = REPO / "results" / "multi30k_gpu"
 BUDGET_S = 560  # a call: at most 9.5 minutes, set-up included (campaign.sh's CAMPAIGN_STARTED)
 PACK_S = 25  # packing and the last report after the deadline
 EVAL_S = 90  # per run: averaging, decoding test, the length probe, source dependence, scoring (until measured)
-WINDOW_S, WARMUP_S = 5.0, 30.0  # the throughput probe: seconds per level; start-up before the first window
+WINDOW_S, WARMUP_S = 5.0, 30.0  # the throughput probe: seconds per level; most start-up before the first window (it
+# starts 1 s after every process has done its warm-up updates, if sooner)
 DRY = {"recipe": {"EPOCHS": "1", "WARMUP": "10", "AVG": "1", "FT_EPOCHS": "1", "FT_AVG": "1", "VOCAB": "500", "BEAM": "1",
                   "PROBE_PER_K": "1",
                   "MODEL_ARGS": "--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 "
@@ -206,12 +207,14 @@ def measure(call, condition):
     levels = [n for n in (DRY["levels"] if call.args.dry_run else cp.LEVELS) if n <= (os.cpu_count() or 1)]
     window = DRY["window"] if call.args.dry_run else WINDOW_S
     t0 = time.time() + (DRY["warmup"] if call.args.dry_run else WARMUP_S)
+    shutil.rmtree(call.work / "probe" / "ready", ignore_errors=True)  # an earlier measurement's
     procs = []
     for rank in range(max(levels)):
         out = call.work / "probe" / f"rank{rank}.json"
         save = call.work / "probe" / f"save{rank}"
         worker = (f"{sys.executable} {REPO / 'scripts' / 'campaign.py'} probe-worker --rank {rank} --t0 {t0} "
-                  f"--window {window} --levels {','.join(map(str, levels))} --out {out} --")
+                  f"--window {window} --levels {','.join(map(str, levels))} --out {out} "
+                  f"--ready {call.work / 'probe' / 'ready'} --ranks {max(levels)} --")
         env = call.env(condition, FAIRSEQ_TRAIN=worker, LR="0.005", WARMUP=call.recipe["WARMUP"], DROPOUT="0.3",
                        MAX_TOKENS="4096", EPOCHS="1000", SEED=str(rank + 1), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         cmd = ["bash", "scripts/train_small.sh", str(call.data_dir(condition) / "bin"), str(save), "transformer_tiny",
@@ -248,9 +251,25 @@ def probe_worker(args, train_argv):
         write_json(args.out, {"rank": args.rank, "counts": counts})
         os._exit(0)
 
+    def start_when_all_are_ready():
+        """The windows' start: 1 s after the last rank finished its warm-up updates, at the latest args.t0 (the
+        start-up allowance), so no rank waits out the whole allowance once every rank is training. Each rank reads
+        the same files, so all start alike."""
+        write_json(os.path.join(args.ready, f"rank{args.rank}.json"), {"at": time.time()})
+        while time.time() < args.t0:
+            files = [os.path.join(args.ready, f"rank{r}.json") for r in range(args.ranks)]
+            if all(os.path.isfile(f) for f in files):
+                args.t0 = min(args.t0, max(cp.read_json(f)["at"] for f in files) + 1.0)
+                return
+            time.sleep(0.2)
+
     def step(self, samples, *a, **kw):
         while True:
             now = time.time()
+            if step.warm == 3 and not step.ready:
+                step.ready = True
+                start_when_all_are_ready()
+                now = time.time()
             k = int((now - args.t0) // args.window) if now >= args.t0 else -1
             if k >= len(levels):
                 done()
@@ -265,7 +284,7 @@ def probe_worker(args, train_argv):
             counts[k] += 1
         return out
 
-    step.warm = 0
+    step.warm, step.ready = 0, False
     fairseq.trainer.Trainer.train_step = step
     sys.argv = ["fairseq-train", *train_argv]
     fairseq_train.cli_main()
@@ -436,7 +455,8 @@ def main(argv=None):
     if argv[:1] == ["probe-worker"]:
         cut = argv.index("--")
         p = argparse.ArgumentParser(prog="campaign.py probe-worker")
-        for flag, kind in (("--rank", int), ("--t0", float), ("--window", float), ("--levels", str), ("--out", str)):
+        for flag, kind in (("--rank", int), ("--t0", float), ("--window", float), ("--levels", str), ("--out", str),
+                           ("--ready", str), ("--ranks", int)):
             p.add_argument(flag, type=kind, required=True)
         return probe_worker(p.parse_args(argv[1:cut]), argv[cut + 1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
