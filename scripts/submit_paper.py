@@ -133,7 +133,10 @@ class Slurm:
         fields = dict(part.split("=", 1) for part in out.split() if "=" in part)
         if fields.get("JobState"):
             return fields
-        acct = self.run("sacct", "-n", "-X", "-P", "-j", job, "-o", "State,ExitCode", check=False).stdout.split()
+        try:  # a finished job scontrol has forgotten (after MinJobAge): Slurm's accounting, where the cluster keeps it
+            acct = self.run("sacct", "-n", "-X", "-P", "-j", job, "-o", "State,ExitCode", check=False).stdout.split()
+        except Refusal:  # no sacct here
+            return {}
         if acct and "|" in acct[0]:
             state, code = acct[0].split("|", 1)
             return {"JobState": state.split()[0], "ExitCode": code}

@@ -161,3 +161,21 @@ echo "$*" >> {tmp_path}/submitted; echo $n
         f"train-{DE_T}", f"eval-{DE_T}-newstest2014", f"train-{DE_R}", f"eval-{DE_R}-newstest2014",
         f"eval-{DE_R}-newstest2013", "tables"]  # Shaw's relative: Table 1 (newstest2014) and the k ablation (2013)
     assert "--dependency=afterany:4:5:6:1:2 " in lines[-1]  # the new jobs (3 was refused), then those waited for
+
+
+def test_jobs_slurm_has_forgotten_are_submitted_again(tmp_path):
+    """Days later scontrol no longer lists the jobs (MinJobAge) and the cluster has no sacct: their cell, still without
+    a result, is submitted again (the training resumes from its checkpoint), not refused for the missing tool."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(f"#!/bin/sh\nn=$(( $(/bin/cat {tmp_path}/n 2>/dev/null || echo 0) + 1 )); "
+                                 f"echo $n > {tmp_path}/n; echo $n\n")
+    (fake / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    cmd = [sys.executable, "scripts/submit_paper.py", DE_T, "--checkpoints", str(tmp_path / "ckpt"),
+           "--results", str(tmp_path / "results")]
+    for n in (1, 2):  # no sacct on this PATH
+        proc = subprocess.run(cmd, cwd=REPO, env={**env(), "PATH": str(fake)}, capture_output=True, text=True)
+        assert proc.returncode == 0 and f"{DE_T}: training" in proc.stdout, proc.stderr
+    assert json.loads((tmp_path / "ckpt" / "submit_paper.json").read_text())["cells"][DE_T]["train"] == "4"
