@@ -173,6 +173,8 @@ def submit(args, paper_numbers, slurm):
     order = [b[0] for b in bases.values() if b] + wanted
     order = list(dict.fromkeys(order))
     train_job, submitted, waiting = {}, [], []
+    if not args.dry_run:  # Slurm opens each job's --output there and fails the job if the folder is missing
+        Path(args.checkpoints).mkdir(parents=True, exist_ok=True)
     try:
         submit_cells(args, slurm, order, evals, bases, jobs, train_job, submitted, waiting)
         manifest["wanted"] = list(dict.fromkeys(manifest.get("wanted", []) + wanted))
