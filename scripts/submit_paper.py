@@ -105,9 +105,10 @@ class Slurm:
     def __init__(self, dry_run=False):
         self.dry_run, self.fake_ids = dry_run, 0
 
-    def run(self, *args, check=True):
+    def run(self, *args, check=True, env=None):
         try:
-            proc = subprocess.run(list(args), capture_output=True, text=True)
+            proc = subprocess.run(list(args), capture_output=True, text=True, env={**os.environ, **(env or {})},
+                                  cwd=REPO)
         except FileNotFoundError:
             raise Refusal(f"{args[0]}: not found (run this on a Slurm login node, or use --dry-run)")
         if check and proc.returncode != 0:
@@ -119,11 +120,7 @@ class Slurm:
         if self.dry_run:
             self.fake_ids += 1
             return f"dry{self.fake_ids}"
-        proc = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True,
-                              env={**os.environ, **env}, cwd=REPO)
-        if proc.returncode != 0:
-            raise Refusal(f"sbatch failed: {(proc.stderr or proc.stdout).strip()}")
-        return proc.stdout.strip().split(";")[0]
+        return self.run("sbatch", "--parsable", *args, env=env).stdout.strip().split(";")[0]
 
     def info(self, job):
         """{'JobState': ..., 'ExitCode': ..., 'Reason': ...}, or {} when Slurm no longer knows the job."""

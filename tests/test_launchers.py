@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from conftest import BIN, run
+from helpers.stand_ins import stand_ins
 
 TRAIN = ["bash", "scripts/train.sh", "toy_recipe", "dataset.max_tokens=1024", "dataset.max_valid_steps=1"]
 # one intra-op thread: on a machine shared with other work, two threads per process run many times slower
@@ -127,12 +128,9 @@ def test_train_sh_under_srun_on_cpu(tasks, tmp_path):
 
 
 def srun_line(tmp_path, slurm):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "srun").write_text('#!/bin/sh\necho "srun $*"\n')
-    (fake / "python").write_text(f'#!/bin/sh\ncase "$*" in *device_count*) echo 8 ;; *) exec {sys.executable} "$@" ;; esac\n')
-    for f in fake.iterdir():
-        f.chmod(0o755)
+    fake = stand_ins(tmp_path / "bin", {
+        "srun": 'echo "srun $*"\n',
+        "python": f'case "$*" in *device_count*) echo 8 ;; *) exec {sys.executable} "$@" ;; esac\n'})
     proc = run(["bash", "scripts/train.sh", "toy_recipe", "optimization.update_freq=[1]"], check=False, env_extra={
         **slurm, "LAUNCHER": "srun", "SLURM_JOB_ID": "7", "PY": str(fake / "python"), "SAVE_DIR": str(tmp_path / "s"),
         "PATH": f"{fake}:{BIN}:/usr/bin:/bin"})

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from conftest import REPO, env, run
+from helpers.stand_ins import stand_ins
 from test_slurm import cluster  # noqa: F401  (the module's cluster fixture)
 
 DE_T, DE_R, DE_W = "wmt14_en_de_base_transformer", "wmt14_en_de_base_relative", "wmt14_en_de_base_floater_all_warm"
@@ -140,19 +141,14 @@ def test_a_failed_sbatch_keeps_what_was_submitted(tmp_path):
     is tested is the script's bookkeeping (the real cluster: the test above); the stand-in sbatch also checks that
     each job's log folder exists when it is queued (a job that starts before it does fails at once, no log: seen
     under load on the real cluster)."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "sbatch").write_text(f"""#!/bin/sh
+    fake = stand_ins(tmp_path / "bin", {"sbatch": f"""
 for a in "$@"; do case "$a" in --output=*) [ -d "$(dirname "${{a#--output=}}")" ] || {{
   echo "stand-in sbatch: $a: no such folder (a real job would fail at once: slurmd cannot open its output)" >&2; exit 1; }} ;;
 esac; done
 n=$(( $(cat {tmp_path}/n 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/n
 [ "$n" = "${{FAIL_AT:-0}}" ] && {{ echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" >&2; exit 1; }}
 echo "$*" >> {tmp_path}/submitted; echo $n
-""")
-    (fake / "scontrol").write_text("#!/bin/sh\necho \"JobId=$4 JobName=x JobState=PENDING Reason=Priority\"\n")
-    for f in fake.iterdir():
-        f.chmod(0o755)
+""", "scontrol": 'echo "JobId=$4 JobName=x JobState=PENDING Reason=Priority"\n'})
     e = {**env(), "PATH": f"{fake}:{env()['PATH']}"}
     cmd = [sys.executable, "scripts/submit_paper.py", DE_T, DE_R, "--checkpoints", str(tmp_path / "ckpt"),
            "--results", str(tmp_path / "results")]
@@ -174,13 +170,9 @@ echo "$*" >> {tmp_path}/submitted; echo $n
 def test_jobs_slurm_has_forgotten_are_submitted_again(tmp_path):
     """Days later scontrol no longer lists the jobs (MinJobAge) and the cluster has no sacct: their cell, still without
     a result, is submitted again (the training resumes from its checkpoint), not refused for the missing tool."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "sbatch").write_text(f"#!/bin/sh\nn=$(( $(/bin/cat {tmp_path}/n 2>/dev/null || echo 0) + 1 )); "
-                                 f"echo $n > {tmp_path}/n; echo $n\n")
-    (fake / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1\n")
-    for f in fake.iterdir():
-        f.chmod(0o755)
+    fake = stand_ins(tmp_path / "bin", {
+        "sbatch": f"n=$(( $(/bin/cat {tmp_path}/n 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/n; echo $n\n",
+        "scontrol": "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1\n"})
     cmd = [sys.executable, "scripts/submit_paper.py", DE_T, "--checkpoints", str(tmp_path / "ckpt"),
            "--results", str(tmp_path / "results")]
     for n in (1, 2):  # no sacct on this PATH
