@@ -77,7 +77,7 @@ def test_sbatch_preempt_requeue_resume(cluster, toy_data, uninterrupted, tmp_pat
     # run 1: two ranks train; the preemption signal makes the job stop and requeue itself
     cluster.wait(job, lambda i: (save / "checkpoint_1_2.pt").exists() or i.get("JobState") not in ("PENDING", "RUNNING"),
                  timeout=120, poll=0.2, release_after=None, output=out)
-    assert (save / "checkpoint_1_2.pt").exists(), f"no checkpoint after 2 updates; job log:\n{log()[-3000:]}"
+    assert (save / "checkpoint_1_2.pt").exists(), f"no checkpoint after 2 updates:\n{cluster.diagnostics(out)}"
     assert "initialized host" in log() and "as rank 1" in log(), "the second task did not join"
     cluster.client("scancel", "--signal=USR1", "--batch", job)
 

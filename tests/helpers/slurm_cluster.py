@@ -172,6 +172,9 @@ PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         parts = []
         if output is not None:
             text = Path(output).read_text(errors="replace").splitlines() if Path(output).exists() else ["(none)"]
+            # the first errors say what went wrong; the tail is often only the other rank's echo of it
+            first = [line for line in text if re.search(r"error|exception|traceback|failed", line, re.I)][:10]
+            parts.append(f"--- job output {output}, first error lines:\n" + "\n".join(first))
             parts.append(f"--- job output {output} (last {lines} lines):\n" + "\n".join(text[-lines:]))
         for name in DAEMONS:
             log = self.root / f"{name}.log"
