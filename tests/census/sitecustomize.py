@@ -1,6 +1,7 @@
 """With PROCESS_CENSUS=FILE and this folder on PYTHONPATH, every Python interpreter that starts appends one line to
-FILE at its exit: its first arguments, its own CPU seconds and whether it imported torch and fairseq (tests/suite_times.py --census reads them). A process
-killed or ended by os._exit writes nothing. Without the variable it does nothing."""
+FILE at its exit: its first arguments, its own CPU seconds and whether it imported torch and fairseq
+(tests/suite_times.py --census reads them). A process killed or ended by os._exit writes nothing. Without the
+variable it does nothing."""
 import os
 
 if os.environ.get("PROCESS_CENSUS"):

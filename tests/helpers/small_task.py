@@ -126,36 +126,40 @@ def kill_group(proc):
 # port; each xdist worker draws from its own slice, each call a new port; 20000 and up stays clear of fairseq's
 # own random 10000-20000 rendezvous port.
 PORT_FLOOR = 20000
-_next_port = []
+_next_port = None  # this worker's next port to try, once free_port has been called
 
 
 def ephemeral_range():
     try:
         low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     except (OSError, ValueError):
-        low, high = 32768, 60999  # Linux's default, also the range the macOS kernel is below
+        low, high = 32768, 60999  # Linux's default (macOS's 49152-65535 lies above its low end)
     return low, high
 
 
 def port_slice(worker=None, workers=None):
-    """[start, stop) of the ports this xdist worker hands out: its share of PORT_FLOOR..ephemeral low."""
+    """[start, stop) of the ports this xdist worker hands out: its share of PORT_FLOOR..ephemeral low (empty where
+    the kernel's range starts at or below PORT_FLOOR)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0") if worker is None else worker
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) if workers is None else workers
     index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
-    stop_all = min(ephemeral_range()[0], 65536)
-    width = (stop_all - PORT_FLOOR) // max(workers, 1)
+    width = max(ephemeral_range()[0] - PORT_FLOOR, 0) // max(workers, 1)
     return PORT_FLOOR + index * width, PORT_FLOOR + (index + 1) * width
 
 
 def free_port():
     """A port no one holds now, outside the ephemeral range, never handed out before in this worker."""
+    global _next_port
     start, stop = port_slice()
-    if not _next_port:
+    if stop == start:  # a kernel that lends every port out: only its own choice is left
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    if _next_port is None:
         # several pytest sessions side by side start at different places of the slice
-        _next_port.append(start + os.getpid() % (stop - start))
+        _next_port = start + os.getpid() % (stop - start)
     for _ in range(stop - start):
-        port = _next_port[0]
-        _next_port[0] = start + (port + 1 - start) % (stop - start)
+        port, _next_port = _next_port, start + (_next_port + 1 - start) % (stop - start)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
