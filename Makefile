@@ -5,7 +5,7 @@
 #                            their diagonal): under 4 minutes on 2 cores; fails if a test it runs takes over
 #                            TIER_MAX_SECONDS (30) CPU seconds on its own
 # make gpu-bundle          - .gpu_bundle/: what a bare GPU image lacks (fairseq sdist, hydra-core, omegaconf, antlr4,
-#                            bitarray for PYVER=3.12; Multi30k), for an offline set-up there (scripts/gpu_check.sh)
+#                            bitarray for PYVER=3.12; Multi30k), for an offline set-up there (scripts/gpu/gpu_check.sh)
 SHELL := /bin/bash
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -17,9 +17,9 @@ setup:
 
 demo: setup
 ifeq ($(DATA),multi30k)
-	@bash scripts/recipes/multi30k_demo.sh
+	@bash scripts/demos/multi30k_demo.sh
 else
-	@bash scripts/recipes/toy_demo.sh
+	@bash scripts/demos/toy_demo.sh
 endif
 
 # Both tiers run one pytest-xdist worker per core, two at most (JOBS=1: one process); loadfile keeps each test
@@ -37,10 +37,10 @@ test-fast: setup
 	@TIER_MAX_SECONDS=$(TIER_MAX_SECONDS) $(PYTEST) -m "not slow"
 
 gpu-bundle: setup
-	@bash scripts/make_gpu_bundle.sh
+	@bash scripts/gpu/make_gpu_bundle.sh
 
 bench: setup
-	@python scripts/bench.py $(BENCH_ARGS)
+	@python scripts/bench/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf data/toy checkpoints/toy_* results/demo

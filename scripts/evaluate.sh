@@ -18,7 +18,7 @@
 # Writes results/EXPERIMENT.json for test, results/EXPERIMENT.newstest2013.json for valid (--out overrides;
 # RESULTS_DIR moves results/), with both scores, the signature, the checkpoints averaged, the config and the
 # git commit; the generation log and the hypotheses go to checkpoints/EXPERIMENT/eval/.
-# The data directory is the one above the config's task.data (a scripts/recipes/prepare_wmt14.sh output:
+# The data directory is the one above the config's task.data (a scripts/prepare_wmt14.sh output:
 # bin/, spm.model, raw/); --data-dir overrides it.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -64,7 +64,7 @@ mapfile -t V < <("$PY" scripts/hydra_config.py get "$CONFIG" task.data task.sour
 BIN=${V[0]} SRC=${V[1]} TGT=${V[2]} BEAM=${V[3]} LENPEN=${V[4]}
 [ -n "$DATA" ] || DATA=$(dirname "$BIN")
 for f in "$DATA/bin/dict.$SRC.txt" "$DATA/spm.model" "$DATA/raw/$SUBSET.$TGT"; do
-  [ -f "$f" ] || die "$f not found (expected a scripts/recipes/prepare_wmt14.sh output in $DATA; pass --data-dir)"
+  [ -f "$f" ] || die "$f not found (expected a scripts/prepare_wmt14.sh output in $DATA; pass --data-dir)"
 done
 
 # 1. the checkpoint to evaluate

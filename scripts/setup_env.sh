@@ -8,7 +8,7 @@
 #   VENV=.venv          where the venv goes
 #   FAIRSEQ_SDIST=path  use a local copy of fairseq-0.12.2.tar.gz instead of downloading it
 #   CACHE=.cache        where the patched fairseq wheel is built once and kept
-#   BUNDLE=dir          offline: install from a folder made by `make gpu-bundle` (scripts/make_gpu_bundle.sh), with
+#   BUNDLE=dir          offline: install from a folder made by `make gpu-bundle` (scripts/gpu/make_gpu_bundle.sh), with
 #                       no package index; PYTHON must bring torch and the rest of requirements.txt (a GPU image)
 #
 # torch: if PYTHON already has torch (a cluster's CUDA build), the venv is created with

@@ -8,7 +8,7 @@
 # default). Environment, defaults the toy task's: LR (2e-3), WARMUP (300 updates), DROPOUT (0.1), MAX_TOKENS
 # (4096), EPOCHS (12), SEED (1), KEEP_LAST (0: no epoch checkpoints, only checkpoint_best/last.pt; N: keep the
 # last N epoch checkpoints, for averaging), LOG_INTERVAL (100), DEVICE (cpu: --cpu; cuda: fairseq's default device),
-# FAIRSEQ_TRAIN (fairseq-train: the command given these arguments; scripts/campaign.py's throughput probe times the
+# FAIRSEQ_TRAIN (fairseq-train: the command given these arguments; scripts/gpu/campaign.py's throughput probe times the
 # same command's updates through its own).
 set -euo pipefail
 if [ $# -lt 3 ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The text steps of scripts/recipes/prepare_wmt14.sh: checksum, extract, SGML to text, normalise + clean.
+"""The text steps of scripts/prepare_wmt14.sh: checksum, extract, SGML to text, normalise + clean.
 
     wmt14_data.py verify ARCHIVE --checksums FILE
     wmt14_data.py extract ARCHIVE OUT_DIR MEMBER [MEMBER ...]

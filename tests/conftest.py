@@ -40,6 +40,17 @@ TORCH_LOADED_FIRST = "torch" in sys.modules  # then the two variables above came
 pytest_plugins = ["helpers.tier_clock", "helpers.file_order"]
 
 
+def load_script(path):
+    """A command-line script under scripts/ (e.g. "study/length_probe.py") as a module, for tests of its functions:
+    the scripts in scripts/'s folders are not on sys.path (only scripts/, where the tooling library is)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(path).stem, REPO / "scripts" / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def env():
     e = dict(os.environ)
     e["PATH"] = f"{BIN}{os.pathsep}{e.get('PATH', '')}"

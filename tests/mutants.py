@@ -76,7 +76,7 @@ class Mutant(NamedTuple):
 RA = "fairseq_plugins/modules/relative_attention.py"
 FL = "fairseq_plugins/modules/floater/"
 CHECK = "fairseq_plugins/fairseq_check.py"
-CP = "scripts/tooling/campaign.py"
+CP = "scripts/tooling/gpu/campaign_jobs.py"
 
 MUTANTS = [
     # -- the schemes' maths (fairseq_plugins/modules/) ---------------------------------------------------------
@@ -221,7 +221,7 @@ MUTANTS = [
     Mutant("record-mislabels-bleu", CP, 'bleu_tok_lc=row.get("bleu_tok_lc"))', 'bleu_tok_lc=row.get("bleu"))',
            ("tests/test_campaign.py",),
            "campaign record: the manifest's BLEU tok-lc column gets sacreBLEU", "campaign"),
-    Mutant("cli-ingest-drops-finished-rows", "scripts/campaign.py",
+    Mutant("cli-ingest-drops-finished-rows", "scripts/gpu/campaign.py",
            "cp.record(manifest, finished, report, args.lease)", "cp.record(manifest, [], report, args.lease)",
            ("tests/test_campaign.py",),
            "campaign.py ingest: the lease is recorded but none of its finished runs (only the slow dry run reads it)",

@@ -185,7 +185,7 @@ def test_demo_rejects_an_unknown_model_before_writing(tmp_path):
     """make demo's MODELS takes architectures or the table of schemes' model names; anything else is one line
     naming it, before any data, checkpoint or result is written."""
     out = tmp_path / "demo"
-    proc = subprocess.run(["bash", "scripts/recipes/toy_demo.sh"], cwd=REPO, text=True, capture_output=True,
+    proc = subprocess.run(["bash", "scripts/demos/toy_demo.sh"], cwd=REPO, text=True, capture_output=True,
                           env={**env(), "MODELS": "transformer shaw_transformer_tiny", "OUT": str(out)})
     assert proc.returncode == 1
     models = ", ".join(s.model for s in SCHEMES.values())  # the table's model names, in its order

@@ -2,7 +2,7 @@
 without editing this file): sources of 3 and 50 tokens left-padded beside a 1,000-token batch-mate (their tokens
 at padded indices up to 999, past FIRE's threshold of 512), each decoded alone and in the batch, teacher-forced
 and over 301 steps of incremental decoding with a beam reorder at step 150 (scripts/tooling/invariance.py;
-scripts/gpu_check.py's invariance section runs the same on a GPU).
+scripts/gpu/gpu_check.py's invariance section runs the same on a GPU).
 
 Bounds on the largest |alone − batched| decoder logit of untrained tiny models on CPU: float32 1e-5 (measured:
 at most 2.3e-6 over the rows, the rounding of different batch shapes; FIRE before its positions were counted per

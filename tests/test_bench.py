@@ -1,4 +1,4 @@
-"""scripts/bench.py --quick: a well-formed report with every model and length, positive finite figures (never
+"""scripts/bench/bench.py --quick: a well-formed report with every model and length, positive finite figures (never
 a bound on a timing: the machine running the tests is shared)."""
 import json
 import math
@@ -18,7 +18,7 @@ MODELS = ["transformer", "relative", "floater", "floater_every100"]
 def test_quick_benchmark_reports_every_model_and_length(tmp_path):
     out_json, out_md, notes = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "notes.md"
     notes.write_text("## Analysis\n\nWhat dominates each unmet goal.\n", encoding="utf-8")
-    proc = run([sys.executable, "scripts/bench.py", "--quick", "--silent", "--notes", str(notes),
+    proc = run([sys.executable, "scripts/bench/bench.py", "--quick", "--silent", "--notes", str(notes),
                 "--profile-length", "16", "--profile-decode", "32", "--out-json", str(out_json), "--out-md", str(out_md)])
     res = json.loads(out_json.read_text())
     md = out_md.read_text()
@@ -53,10 +53,10 @@ def test_quick_benchmark_reports_every_model_and_length(tmp_path):
 
     assert res["settings"]["quick"] and res["settings"]["dims"] == "tiny"
     assert res["machine"]["torch"] and res["machine"]["threads"] >= 1
-    assert res["command"].startswith("scripts/bench.py --quick")
+    assert res["command"].startswith("scripts/bench/bench.py --quick")
     assert res["load_average"]["samples"]
     assert {g["model"] for g in res["goals"]} == {"relative", "floater", "floater_every100"}
-    for heading in ("Command: `scripts/bench.py --quick", "Machine:", "Goals", "Peak memory:"):
+    for heading in ("Command: `scripts/bench/bench.py --quick", "Machine:", "Goals", "Peak memory:"):
         assert heading in md
     # profiles: one training update of every model at T = 16, one decoding call of each decoded model at T = 32
     profiles = res["profiles"]
@@ -78,7 +78,7 @@ def test_profile_lengths_must_be_measured(tmp_path):
     for argv, message in [(["--profile-decode", "64"], "--profile-decode 64: not one of --lengths 16,32"),
                           (["--profile-length", "8"], "--profile-length 8: not one of --lengths 16,32"),
                           (["--profile-decode", "16", "--no-decode"], "--profile-decode needs decoding")]:
-        proc = run([sys.executable, "scripts/bench.py", "--quick", "--silent", *argv,
+        proc = run([sys.executable, "scripts/bench/bench.py", "--quick", "--silent", *argv,
                     "--out-json", str(tmp_path / "b.json"), "--out-md", str(tmp_path / "b.md")], check=False)
         assert proc.returncode != 0 and proc.stdout.strip().splitlines()[-1].startswith(message), proc.stdout
         assert not (tmp_path / "b.json").exists()
@@ -88,7 +88,7 @@ def test_count_ops_reports_operators_and_syncs(tmp_path):
     """--count-ops --quick: one update per model and FLOATER's exact solve at both lengths; the solve has no host
     sync and stays under its operator bounds per RK4 step (a regression guard, not a timing)."""
     out_json, out_md = tmp_path / "ops.json", tmp_path / "ops.md"
-    proc = run([sys.executable, "scripts/bench.py", "--count-ops", "--quick", "--silent",
+    proc = run([sys.executable, "scripts/bench/bench.py", "--count-ops", "--quick", "--silent",
                 "--out-json", str(out_json), "--out-md", str(out_md)])
     res = json.loads(out_json.read_text())
     md = out_md.read_text()
@@ -109,7 +109,7 @@ def test_count_ops_reports_operators_and_syncs(tmp_path):
 def test_the_graphed_floater_needs_cuda(tmp_path):
     """floater_graph (FLOATER with --floater-cuda-graph) on CPU would time the loop under the graph's name: one
     error line, before anything runs (gpu_check.sh --dry-run runs it under the emulation of CUDA graphs)."""
-    proc = run([sys.executable, "scripts/bench.py", "--quick", "--silent", "--device", "cpu", "--models",
+    proc = run([sys.executable, "scripts/bench/bench.py", "--quick", "--silent", "--device", "cpu", "--models",
                 "floater,floater_graph", "--out-json", str(tmp_path / "b.json"), "--out-md", str(tmp_path / "b.md")],
                check=False)
     assert proc.returncode != 0 and proc.stdout.strip().splitlines()[-1] == (
@@ -125,7 +125,7 @@ def test_a_model_that_cannot_train_is_reported_and_the_others_measured(tmp_path,
     import pickle
     import types
 
-    from tooling import bench
+    from tooling.bench import phases as bench
 
     def failing_build(*args, **kwargs):
         error = RuntimeError("LoweringException: the cause\nSet TORCHDYNAMO_VERBOSE=1 for more")
@@ -142,7 +142,7 @@ def test_a_model_that_cannot_train_is_reported_and_the_others_measured(tmp_path,
         return ((job, reason if job["name"] == "t5" else 10.0) for job in jobs)
 
     monkeypatch.setattr(bench, "measure_memory", probes)
-    import bench as cli  # scripts/bench.py
+    from tooling.bench import cli  # scripts/bench/bench.py's command line
 
     out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
     cli.main(["--quick", "--silent", "--no-decode", "--models", "t5,alibi", "--out-json", str(out_json),
@@ -156,10 +156,10 @@ def test_a_model_that_cannot_train_is_reported_and_the_others_measured(tmp_path,
 
 
 def test_a_run_cut_short_leaves_the_lengths_it_measured(tmp_path, monkeypatch):
-    """The GPU check kills the benchmark at its section's cap (the H200 run's section d: nothing written after 90 s).
+    """The GPU check kills the benchmark at its section's cap (the H200 run's section bench: nothing written after 90 s).
     The report is written after every length but the last, marked partial, so a run killed at the next length
     leaves the ones it finished; here the second length's training raises in its place."""
-    from tooling import bench
+    from tooling.bench import phases as bench
 
     train_phase = bench.train_phase
 
@@ -169,7 +169,7 @@ def test_a_run_cut_short_leaves_the_lengths_it_measured(tmp_path, monkeypatch):
         return train_phase(p, bundles, T, sample)
 
     monkeypatch.setattr(bench, "train_phase", cut_at_the_second_length)
-    import bench as cli  # scripts/bench.py
+    from tooling.bench import cli  # scripts/bench/bench.py's command line
 
     out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
     with pytest.raises(KeyboardInterrupt):
@@ -189,7 +189,7 @@ def test_graphs_compiled_during_updates_are_counted():
     timed updates (which would make those times a compile's)."""
     import torch
 
-    from tooling import bench
+    from tooling.bench import phases as bench
 
     torch._dynamo.reset()
     f = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
@@ -205,14 +205,14 @@ def test_graphs_compiled_during_updates_are_counted():
     torch._dynamo.reset()
 
 
-# -- the users' regime (scripts/bench.py --regime) ------------------------------------------------------------
+# -- the users' regime (scripts/bench/bench.py --regime) ------------------------------------------------------------
 
 def test_the_length_mix_batches_like_fairseq():
     """The committed newstest2014 histogram, drawn and batched as fairseq-train batches it: every batch within
     --max-tokens, padding included (sentences × the longest side), each sentence its drawn lengths + EOS, the
     sentences of a batch a multiple of 8 unless fewer fit, and no sentence in two batches."""
-    from tooling import length_mix
-    from tooling.bench_models import synthetic_dictionary
+    from tooling.bench import length_mix
+    from tooling.bench.models import synthetic_dictionary
 
     pairs = length_mix.load_pairs()
     assert len(pairs) == 3003 and 30 < sum(s for s, _ in pairs) / 3003 < 40
@@ -244,10 +244,10 @@ NEWSTEST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wmt
 @pytest.mark.skipif(not (NEWSTEST / "newstest2014.ende.en").exists(),
                     reason="../shared/data/wmt14 (newstest) is not present")
 def test_the_committed_length_mix_is_derived_from_newstest(tmp_path):
-    """tooling.length_mix.derive on ../shared/data's newstest files gives the committed histogram."""
+    """tooling.bench.length_mix.derive on ../shared/data's newstest files gives the committed histogram."""
     import json as json_
 
-    from tooling import length_mix
+    from tooling.bench import length_mix
 
     d = NEWSTEST
     table = length_mix.derive(d / "newstest2014.ende.en", d / "newstest2014.ende.de",
@@ -259,8 +259,8 @@ def test_transformer_flops_count_every_product_of_the_model():
     """The analytic count equals 6 × (each weight matrix's entries × the tokens it multiplies) + 12·L·d·(the
     attention's score and sum products), read off the model's own Linear shapes."""
     from fairseq_plugins.schemes import MODELS
-    from tooling.bench_models import synthetic_dictionary
-    from tooling.bench_regime import build_trainer, transformer_flops
+    from tooling.bench.models import synthetic_dictionary
+    from tooling.bench.regime import build_trainer, transformer_flops
 
     dictionary = synthetic_dictionary(100)
     trainer = build_trainer(MODELS["transformer"].arch("tiny"), [], "fp32", dictionary, "cpu", 1)
@@ -281,7 +281,7 @@ def test_the_regime_reports_tokens_per_second_ratios_and_flops(tmp_path):
     """--regime --quick in every precision (fairseq's Trainer: FP16Optimizer for --fp16/--bf16, AMPOptimizer for
     --amp): a row per model with tokens/s, the ratio to the Transformer, FLOPs and their rate, decoding too."""
     from fairseq.optim import AMPOptimizer, FP16Optimizer
-    from tooling import bench_regime
+    from tooling.bench import regime as bench_regime
 
     built = []
     build = bench_regime.build_trainer
@@ -290,7 +290,7 @@ def test_the_regime_reports_tokens_per_second_ratios_and_flops(tmp_path):
         built.append(build(*args, **kwargs))
         return built[-1]
 
-    import bench as cli  # scripts/bench.py
+    from tooling.bench import cli  # scripts/bench/bench.py's command line
 
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
     with pytest.MonkeyPatch.context() as m:
@@ -329,7 +329,7 @@ def test_the_regime_takes_update_freq_micro_batches_per_update_and_profiles_one(
         return train_step(self, samples, *args, **kwargs)
 
     monkeypatch.setattr(Trainer, "train_step", recording)
-    import bench as cli  # scripts/bench.py
+    from tooling.bench import cli  # scripts/bench/bench.py's command line
 
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
     cli.main(["--regime", "--quick", "--silent", "--device", "cpu", "--max-tokens", "256", "--models",
@@ -347,8 +347,8 @@ def test_the_regime_takes_update_freq_micro_batches_per_update_and_profiles_one(
 
 def test_a_regime_run_cut_short_leaves_the_groups_it_measured(tmp_path, monkeypatch):
     """The report is rewritten after every (dims, precision, max tokens) group but the last, marked partial: a run
-    killed at its cap (gpu_check's section d) keeps what it finished; here the second group raises in its place."""
-    from tooling import bench_regime
+    killed at its cap (gpu_check's section bench) keeps what it finished; here the second group raises in its place."""
+    from tooling.bench import regime as bench_regime
 
     measure = bench_regime.measure
 
@@ -358,7 +358,7 @@ def test_a_regime_run_cut_short_leaves_the_groups_it_measured(tmp_path, monkeypa
         return measure(args, trainers, names, dictionary, pairs, dims, precision, max_tokens, *rest)
 
     monkeypatch.setattr(bench_regime, "measure", cut_at_the_second_group)
-    import bench as cli  # scripts/bench.py
+    from tooling.bench import cli  # scripts/bench/bench.py's command line
 
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
     with pytest.raises(KeyboardInterrupt):

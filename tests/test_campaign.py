@@ -1,4 +1,4 @@
-"""The GPU campaign (scripts/campaign.py, tooling.campaign): the order of its runs, its jobs, the concurrency it
+"""The GPU campaign (scripts/gpu/campaign.py, tooling.gpu.campaign_jobs): the order of its runs, its jobs, the concurrency it
 chooses, what a call packs, and what ingesting a call accepts; the call itself by its dry run on CPU."""
 import io
 import json
@@ -10,9 +10,9 @@ import tarfile
 
 import pytest
 
-from conftest import REPO, env
+from conftest import REPO, env, load_script
 from fairseq_plugins.schemes import MODELS
-from tooling import campaign as cp
+from tooling.gpu import campaign_jobs as cp
 
 
 def manifest(done=()):
@@ -136,12 +136,12 @@ def test_record_keeps_each_runs_own_figures():
 
 
 def campaign(*argv, timeout=1800):
-    return subprocess.run([sys.executable, "scripts/campaign.py", *argv], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "scripts/gpu/campaign.py", *argv], cwd=REPO, capture_output=True, text=True,
                           env={**env(), "OMP_NUM_THREADS": "1"}, timeout=timeout)
 
 
 @pytest.mark.slow  # one job (a transformer and its two fine-tunes) trained, averaged, decoded, probed and scored
-@pytest.mark.skipif(__import__("campaign").find_multi30k(None) is None,
+@pytest.mark.skipif(load_script("gpu/campaign.py").find_multi30k(None) is None,
                     reason="Multi30k not here (../shared/data/multi30k, data/multi30k or .gpu_bundle/multi30k)")
 def test_dry_run_call_then_ingest(tmp_path):
     """The call on CPU: the first job of the manifest, packed within the limits; ingested: the manifest records it,

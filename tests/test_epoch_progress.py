@@ -1,5 +1,5 @@
 """Long work says what it is doing: scripts/epoch_progress.py turns a fairseq-train log into one line per epoch
-with its validation loss (scripts/recipes/toy_demo.sh prints them per model), and prepare_bitext.sh names each
+with its validation loss (scripts/demos/toy_demo.sh prints them per model), and prepare_bitext.sh names each
 step as it starts."""
 import subprocess
 import sys

@@ -1,7 +1,6 @@
 """scripts/transformer_to_floater.py: a trained transformer_tiny checkpoint becomes a floater_transformer one with
 identical logits and identical beam search; the result loads the way fairseq loads checkpoints; clear errors."""
 import argparse
-import importlib.util
 import os
 from pathlib import Path
 
@@ -16,9 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 utils.import_user_module(argparse.Namespace(user_dir=str(REPO / "fairseq_plugins")))
 from fairseq_plugins.modules.floater import FloaterFlow  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("transformer_to_floater", REPO / "scripts" / "transformer_to_floater.py")
-converter = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(converter)
+import transformer_to_floater as converter  # noqa: E402  (scripts/, on sys.path: tests/conftest.py)
 
 VOCAB = 30
 

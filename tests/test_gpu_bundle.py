@@ -1,7 +1,7 @@
 """`make gpu-bundle` and the offline set-up it feeds, as on the lent GPU image: a Python whose own venv holds torch,
 numpy, Cython, sacrebleu, sentencepiece and torchdiffeq but no fairseq, hydra-core, omegaconf, antlr4 or bitarray,
 no package index, no network, no ensurepip (an Ubuntu Python without python3-venv), CUDA_HOME set.
-`scripts/gpu_check.sh --dry-run` sets up from the bundle (a venv over that venv's torch, pip --no-index, fairseq's
+`scripts/gpu/gpu_check.sh --dry-run` sets up from the bundle (a venv over that venv's torch, pip --no-index, fairseq's
 Cython parts built from the sdist there) and runs every section.
 
 The image is emulated here by a venv whose site-packages link to this project's venv's packages, less the bundle's;
@@ -55,7 +55,7 @@ def no_network_prefix():
 def test_offline_setup_from_the_bundle_runs_the_gpu_check(tmp_path_factory, tmp_path):
     data = small_data(tmp_path_factory)
     bundle = tmp_path / "bundle"
-    made = subprocess.run(["bash", "scripts/make_gpu_bundle.sh"], cwd=REPO, capture_output=True, text=True,
+    made = subprocess.run(["bash", "scripts/gpu/make_gpu_bundle.sh"], cwd=REPO, capture_output=True, text=True,
                           env=clean_env(PYVER=PYVER, BUNDLE=str(bundle), MULTI30K_DIR=str(tmp_path / "none")),
                           timeout=600)
     assert made.returncode == 0, made.stderr[-2000:]
@@ -84,7 +84,7 @@ exec "{image_python}" "$@"
     venv, out = tmp_path / "venv", tmp_path / "out"
     started = time.time()
     proc = subprocess.run(
-        [*no_network_prefix(), "bash", "scripts/gpu_check.sh", "--dry-run", "--out-dir", str(out),
+        [*no_network_prefix(), "bash", "scripts/gpu/gpu_check.sh", "--dry-run", "--out-dir", str(out),
          "--data", str(data / "bin")], cwd=REPO, capture_output=True, text=True, timeout=1500,
         env=clean_env(PYTHON=str(no_ensurepip), VENV=str(venv), BUNDLE=str(bundle), CACHE=str(tmp_path / "cache"),
                       CUDA_HOME=str(tmp_path / "cuda"), PIP_NO_CACHE_DIR="1", PIP_NO_INDEX="1",

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh, the one command for a machine with a GPU, checked on CPU as far as it goes: its dry run
+"""scripts/gpu/gpu_check.sh, the one command for a machine with a GPU, checked on CPU as far as it goes: its dry run
 (CUDA graphs through the CPU emulation, the smallest sizes) writes every section of the report, and the graph
 path's gradients there are the loop's; each section runs in its own process under its cap, so a section that
 raises or hangs is reported with its reason while the others' rows stay in the report (and the run fails);
@@ -16,14 +16,14 @@ from conftest import REPO, env
 from fairseq_plugins.schemes import MODELS as SCHEME_MODELS
 from helpers.gpu_check_run import gpu_check, no_machine_paths
 from helpers.small_task import small_data
-from tooling import length_mix
-from tooling.gpu_report import verdicts
-from tooling.gpu_users_path import train_stats
-from tooling.wmt14_stand_in import write_stand_in
+from tooling.bench import length_mix
+from tooling.gpu.verdicts import verdicts
+from tooling.gpu.users_path import train_stats
+from tooling.gpu.wmt14_stand_in import write_stand_in
 
-TITLES = ["## a. Machine", "## b. FLOATER's CUDA-graph solve against the loop",
-          "## c. Every arch × precision on the toy task",
-          "## d. Benchmark: the users' regime; FLOATER with and without CUDA graphs"]
+TITLES = ["## Machine", "## FLOATER's CUDA-graph solve against the loop",
+          "## Every arch × precision on the toy task",
+          "## Benchmark: the users' regime; FLOATER with and without CUDA graphs"]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def data(tmp_path_factory):
 
 
 def test_dry_run_of_the_first_call_writes_its_sections(data, tmp_path):
-    """The default call is the correctness sections a, b, c (the speed section is a second call, below: the
+    """The default call is the correctness sections machine, floater_graph, precision (the speed section is a second call, below: the
     sections did not fit one command of the third H100 run); each writes its rows, and the report names the second
     call."""
     out = tmp_path / "out"
@@ -43,7 +43,7 @@ def test_dry_run_of_the_first_call_writes_its_sections(data, tmp_path):
     assert md.startswith("# GPU check — DRY RUN on CPU")
     positions = [md.index(title) for title in TITLES[:3]]  # in priority order
     assert positions == sorted(positions) and TITLES[3] not in md and "## e." not in md
-    assert "a second call: `scripts/gpu_check.sh --sections bench --out-dir DIR`" in md
+    assert "a second call: `scripts/gpu/gpu_check.sh --sections bench --out-dir DIR`" in md
     sections = report["sections"]
     assert list(sections) == ["machine", "floater_graph", "precision"]
     assert all(s["status"] == "completed" and s["seconds"] <= s["cap_s"] for s in sections.values()), sections
@@ -77,7 +77,7 @@ def test_dry_run_of_the_first_call_writes_its_sections(data, tmp_path):
 
 def test_a_failing_section_leaves_the_others_and_fails_the_run(data, tmp_path):
     """A section that raises is one report row with the exception's last line; the sections before and after it
-    (here the speed section d, the second call's) are in the report with their rows, and the exit status is 1."""
+    (here the speed section bench, the second call's) are in the report with their rows, and the exit status is 1."""
     out = tmp_path / "out"
     proc = gpu_check("--dry-run", "--out-dir", str(out), "--data", str(data / "bin"),
                      "--sections", "machine,floater_graph,bench",
@@ -107,17 +107,17 @@ def test_a_failing_section_leaves_the_others_and_fails_the_run(data, tmp_path):
     assert "python 3." in md and "| floater_graph | 32 |" in md  # the other sections' rows
     assert TITLES[2] not in md  # not asked for
     # the command as asked (a rerun of some sections says so), without the machine's paths
-    assert "Command: `scripts/gpu_check.sh --dry-run --sections machine,floater_graph,bench`" in md
+    assert "Command: `scripts/gpu/gpu_check.sh --dry-run --sections machine,floater_graph,bench`" in md
     failed = [v["check"] for v in report["verdicts"] if not v["passed"]]
-    assert failed == [f"b. FLOATER's CUDA-graph solve against the loop: {reason}"]
-    assert proc.stderr.strip().splitlines()[-1].startswith("FAILED: b. FLOATER's CUDA-graph solve")
+    assert failed == [f"FLOATER's CUDA-graph solve against the loop: {reason}"]
+    assert proc.stderr.strip().splitlines()[-1].startswith("FAILED: FLOATER's CUDA-graph solve")
 
 
 def test_a_section_past_its_cap_is_killed_and_reported(tmp_path):
     """A hung section is killed at its cap with everything it started, and the report says so; the report is
     written before the first section and again the moment each section ends, so it is there while the next runs."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(["bash", "scripts/gpu_check.sh", "--dry-run", "--out-dir", str(out), "--sections",
+    proc = subprocess.Popen(["bash", "scripts/gpu/gpu_check.sh", "--dry-run", "--out-dir", str(out), "--sections",
                              "machine,bench", "--cap", "bench=4"], cwd=REPO,
                             env={**env(), "OMP_NUM_THREADS": "1", "GPU_CHECK_HANG_SECTION": "bench"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -140,7 +140,7 @@ def test_a_section_past_its_cap_is_killed_and_reported(tmp_path):
     md = md_path.read_text()
     assert "**Timed out after 4 s** (its cap)" in md and "python 3." in md
     assert [v["check"] for v in report["verdicts"] if not v["passed"]] == [
-        "d. Benchmark: the users' regime; FLOATER with and without CUDA graphs: timed out after 4 s"]
+        "Benchmark: the users' regime; FLOATER with and without CUDA graphs: timed out after 4 s"]
     pids = [int(p) for p in re.search(r"hanging: pids (\d+) (\d+)", stderr).groups()]
     time.sleep(0.5)
     for pid in pids:  # the section's process and its child: killed, not left behind
@@ -157,7 +157,7 @@ def test_bad_flags_are_one_line(tmp_path):
                           (["--models", "rope,fourier"], "--models rope,fourier: unknown model 'fourier' (expected "
                                                          f"some of {' '.join(SCHEME_MODELS)})")]:
         proc = gpu_check("--dry-run", "--out-dir", str(tmp_path / "out"), *argv, timeout=120)
-        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"scripts/gpu_check.sh: {message}"], \
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"scripts/gpu/gpu_check.sh: {message}"], \
             proc.stderr
         assert not (tmp_path / "out").exists()
 
@@ -240,12 +240,12 @@ def test_a_check_out_of_bounds_fails_the_run():
 
 
 def test_section_b_accounts_what_each_memory_pool_holds():
-    """Section b's per-pool accounting (CUDA only, so checked on a made-up torch.cuda.memory_snapshot()): per pool,
+    """Section floater_graph's per-pool accounting (CUDA only, so checked on a made-up torch.cuda.memory_snapshot()): per pool,
     its segments' bytes and their allocated blocks', and the segment with the most free bytes, which shows a
     segment that one live tensor keeps reserved (a replaced tape's, split for the next output gradient); the
     report lists each pool of both runs."""
-    from tooling.gpu_graph import pool_accounting
-    from tooling.gpu_report import floater_graph_lines
+    from tooling.gpu.graph import pool_accounting
+    from tooling.gpu.verdicts import floater_graph_lines
 
     mib = 2**20
 
@@ -291,7 +291,7 @@ def test_dry_run_of_the_invariance_section(data, tmp_path):
     assert all(r["teacher_forced"] < 1e-5 for r in rows if r.get("dtype") == "fp32")
     replay = [r for r in rows if r["kind"] == "replay"]
     assert [r["deterministic"] for r in replay] == [False, True] and all(r["identical"] for r in replay), replay
-    assert "## f. Batch invariance" in (out / "gpu_check.md").read_text()
+    assert "## Batch invariance" in (out / "gpu_check.md").read_text()
 
 
 def test_dry_run_of_the_users_path(tmp_path):
@@ -328,7 +328,7 @@ def test_dry_run_of_the_users_path(tmp_path):
     assert [row.split(" (27.9, ")[0] for row in tables["tables"][0]["rows"]] == [
         f"| input block only | sinusoidal | {evaluate['bleu']:.2f}"]
     md = (out / "gpu_check.md").read_text()
-    assert "## g. The users' path" in md and "Its BLEU means nothing" in md
+    assert "## The users' path" in md and "Its BLEU means nothing" in md
     assert "| transformer | `train.sh` | 0 |" in md and "| fp32 | 4096 × 8 | 2 |" in md
     assert "FLOATER (Liu et al. 2020), Table 2" in (out / "gpu_check_users_tables.md").read_text()
     assert all(v["passed"] for v in json.loads((out / "gpu_check.json").read_text())["verdicts"])
@@ -374,5 +374,5 @@ def test_without_a_gpu_it_refuses_in_one_line(tmp_path):
     proc = gpu_check("--out-dir", str(tmp_path / "out"), timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "scripts/gpu_check.sh: no CUDA device; use --dry-run to check the script on CPU"]
+        "scripts/gpu/gpu_check.sh: no CUDA device; use --dry-run to check the script on CPU"]
     assert not (tmp_path / "out").exists()

@@ -101,7 +101,7 @@ def test_evaluate_sh_names_what_is_missing(tmp_path):
     proc = run(["bash", "scripts/evaluate.sh", "toy_recipe", "--data-dir", str(tmp_path)], check=False,
                env_extra={"SAVE_DIR": str(tmp_path / "none")})
     assert proc.returncode == 1
-    assert f"evaluate.sh: {tmp_path}/bin/dict.src.txt not found (expected a scripts/recipes/prepare_wmt14.sh output" in proc.stdout
+    assert f"evaluate.sh: {tmp_path}/bin/dict.src.txt not found (expected a scripts/prepare_wmt14.sh output" in proc.stdout
 
 
 @pytest.mark.parametrize("slurm, tasks, world", [

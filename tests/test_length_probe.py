@@ -1,4 +1,4 @@
-"""scripts/length_probe.py: probes made of joined test sentences reach the asked multiple of the longest training
+"""scripts/study/length_probe.py: probes made of joined test sentences reach the asked multiple of the longest training
 source (measured on the run's binarized data), every probe falls into exactly one bucket, each bucket's (and each
 k's) score is the tokenized lowercased BLEU of exactly its probes, with the ratio of hypothesis to reference
 sentences that shows an output stopping after its first sentence, and the share of multi-sentence training targets
@@ -13,12 +13,13 @@ from collections import Counter
 
 import pytest
 
-from conftest import REPO, env, run
+from conftest import REPO, env, load_script, run
 from helpers.small_task import run1, small_data, train_cmd
 
-import length_probe
-from tooling import length_probe as probe_lib
+from tooling.study import probe as probe_lib
 from tooling.bleu import prepare, tokenized_bleu
+
+length_probe = load_script("study/length_probe.py")
 
 
 def naive_repeats(lines, n=4):
@@ -29,7 +30,7 @@ def naive_repeats(lines, n=4):
 
 
 def probe_cmd(data, checkpoint, out, *extra):
-    return [sys.executable, "scripts/length_probe.py", "score", "--data", str(data), "--checkpoint", str(checkpoint),
+    return [sys.executable, "scripts/study/length_probe.py", "score", "--data", str(data), "--checkpoint", str(checkpoint),
             "--name", "transformer.seed1", "--src", "src", "--tgt", "tgt", "--out", str(out), *extra]
 
 
@@ -222,7 +223,7 @@ def test_table_mean_and_std_over_seeds(tmp_path):
                                        ("rope.seed9", "rope", [0, 0, 0], [0, 0, 0])):  # a seed not asked for
         (runs / f"{name}.probe.json").write_text(json.dumps(fake_result(name, model, bleus, ratios)))
     (runs / "t5.seed1.retrained.probe.json").write_text("not read")
-    out = run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
+    out = run([sys.executable, "scripts/study/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
                "--seeds", "1 2", "--out", str(tmp_path / "probe_table.md")]).stdout
     assert out == (tmp_path / "probe_table.md").read_text(encoding="utf-8")
     assert "| model | runs | ≤ 1× (5–14) | 1–2× (21–30) | > 2× (41–50) |" in out
@@ -238,20 +239,20 @@ def test_table_mean_and_std_over_seeds(tmp_path):
     for name, model in (("t5.seed1", "t5"), ("t5.seed2", "t5"), ("rope.seed1", "rope")):
         (runs / f"{name}.probe.json").write_text(json.dumps(fake_result(name, model, [30, 20, 10], [1, 1, 1],
                                                                         multi=0.275)))
-    joined = run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
+    joined = run([sys.executable, "scripts/study/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
                   "--seeds", "1 2"]).stdout
     assert "Trained on single sentences" not in joined
     assert "--model-overrides" not in joined  # every run decoded as it was trained
     scaled = fake_result("rope.seed1", "rope", [30, 20, 10], [1, 1, 1], multi=0.275)
     scaled["decoding"]["model_overrides"] = "{'rope_scaling': 'ntk', 'rope_scaling_factor': 4.0}"
     (runs / "rope.seed1.probe.json").write_text(json.dumps(scaled))
-    noted = run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
+    noted = run([sys.executable, "scripts/study/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
                  "--seeds", "1 2"]).stdout
     assert "Decoded with --model-overrides: rope: {'rope_scaling': 'ntk', 'rope_scaling_factor': 4.0}." in noted
     assert "Training targets with more than one sentence: 27.5% (joined pairs up to the cap)" in joined
     (runs / "rope.seed1.probe.json").write_text(json.dumps(fake_result("rope.seed1", "rope", [1, 1, 1], [1, 1, 1],
                                                                        longest=30)))
-    bad = run([sys.executable, "scripts/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
+    bad = run([sys.executable, "scripts/study/length_probe.py", "table", "--runs", str(runs), "--models", "t5 rope",
                "--seeds", "1 2"], check=False)
     assert bad.returncode != 0 and bad.stdout.strip().splitlines() == [
         "length_probe.py: rope.seed1 and t5.seed1 were probed differently (train_longest_source, edges, ks, per_k, "

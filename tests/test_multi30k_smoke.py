@@ -1,4 +1,4 @@
-"""Real-text smoke run: scripts/recipes/multi30k_demo.sh end to end on a slice of Multi30k (../shared/data/multi30k).
+"""Real-text smoke run: scripts/demos/multi30k_demo.sh end to end on a slice of Multi30k (../shared/data/multi30k).
 
 Checks the mechanics on text no one here made (Unicode, real tokenization, the train-short filter, every test
 sentence translated and bucketed, table and plot); one epoch of tiny models, so no BLEU level is asserted here.
@@ -30,7 +30,7 @@ def multi30k_slice(tmp_path_factory):
 
 
 def recipe(slice_dir, work):
-    return run(["bash", "scripts/recipes/multi30k_demo.sh"], env_extra={
+    return run(["bash", "scripts/demos/multi30k_demo.sh"], env_extra={
         "MULTI30K_DIR": str(slice_dir), "DATA_DIR": str(work / "data"), "CKPT_ROOT": str(work / "ckpt"),
         "OUT_DIR": str(work / "results"), "EPOCHS": "1", "VOCAB": "800", "MAX_TRAIN_LEN": str(MAX_TRAIN_LEN),
         "MODELS": " ".join(MODELS), "SMALL_MODEL_ARGS": "--encoder-layers 1 --decoder-layers 1"})
@@ -81,7 +81,7 @@ def test_multi30k_recipe_runs_end_to_end(multi30k_slice, tmp_path):
 
 def test_multi30k_recipe_names_a_missing_file(tmp_path):
     (tmp_path / "train.en").write_text("a dog runs\n", encoding="utf-8")
-    proc = run(["bash", "scripts/recipes/multi30k_demo.sh"], check=False, env_extra={
+    proc = run(["bash", "scripts/demos/multi30k_demo.sh"], check=False, env_extra={
         "MULTI30K_DIR": str(tmp_path), "DATA_DIR": str(tmp_path / "data"), "OUT_DIR": str(tmp_path / "results"),
         "CKPT_ROOT": str(tmp_path / "ckpt")})
     assert proc.returncode != 0

@@ -1,4 +1,4 @@
-"""scripts/recipes/multi30k_study.sh end to end on a synthetic Multi30k-shaped slice (never skips): two models, two
+"""scripts/study/multi30k_study.sh end to end on a synthetic Multi30k-shaped slice (never skips): two models, two
 seeds, one epoch of a tiny model, the FLOATER warm start from each seed's transformer, the table with mean ± std
 and paired bootstrap p-values; a rerun retrains nothing; a run of a few models keeps every finished run in the
 table. The literature's tokenized lowercased BLEU against a hand computation from n-gram counts, and the paired
@@ -17,7 +17,8 @@ import sacrebleu
 from conftest import REPO, run
 from helpers.study_corpus import MODELS, SEEDS, corpus, first_run, start_from, study  # noqa: F401  (fixtures)
 
-from tooling import bootstrap, study_table
+from tooling import bootstrap
+from tooling.study import table as study_table
 from fairseq_plugins.schemes import SCHEMES
 from tooling.bleu import tokenized_bleu
 
@@ -97,7 +98,7 @@ def test_study_end_to_end_and_rerun_skips(corpus, first_run, tmp_path):
         probe)["buckets"]
 
     # seeds asked for but not run yet: the table says so (the table step alone, which would not train them)
-    run([sys.executable, "scripts/study.py", "table", "--runs", str(results / "runs"), "--models",
+    run([sys.executable, "scripts/study/study.py", "table", "--runs", str(results / "runs"), "--models",
          " ".join(MODELS), "--seeds", "1 2 3", "--out", str(tmp_path / "partial")])
     assert "**PARTIAL: 4 of 6 runs done** (seeds done: transformer 2/3, floater_warm 2/3)" in (
         tmp_path / "partial" / "table.md").read_text(encoding="utf-8")
@@ -107,7 +108,7 @@ def test_study_end_to_end_and_rerun_skips(corpus, first_run, tmp_path):
     refs = (corpus / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
     keep = [i for i, line in enumerate(src) if len(line.split()) > 10]
     assert 0 < len(keep) < len(src)
-    run([sys.executable, "scripts/study.py", "table", "--runs", str(results / "runs"), "--models",
+    run([sys.executable, "scripts/study/study.py", "table", "--runs", str(results / "runs"), "--models",
          " ".join(MODELS), "--seeds", "1 2", "--split-src", str(corpus / "test_2016_flickr.en"), "--split-at", "10",
          "--out", str(tmp_path / "long")])
     summary = json.loads((tmp_path / "long" / "summary.json").read_text())
@@ -127,7 +128,7 @@ def test_study_end_to_end_and_rerun_skips(corpus, first_run, tmp_path):
     assert beyond["models"]["floater_warm"]["vs_transformer"]["seeds"] == [1, 2]
     assert "FLOATER > sinusoidal, paper's protocol (Liu et al. 2020, Table 2), sources > 10 words" in (
         tmp_path / "long" / "table.md").read_text(encoding="utf-8")
-    alone = run([sys.executable, "scripts/study.py", "table", "--runs", str(results / "runs"), "--models",
+    alone = run([sys.executable, "scripts/study/study.py", "table", "--runs", str(results / "runs"), "--models",
                  "transformer", "--seeds", "1", "--split-at", "10", "--out", str(tmp_path / "bad")], check=False)
     assert alone.returncode != 0 and alone.stdout.strip().splitlines() == [
         "study.py: --split-src and --split-at go together (the test sources, and a length in source words)"]
@@ -351,7 +352,7 @@ def test_committed_claims_are_judged_over_seeds_and_sentences():
         claims = summary["claims"] + summary.get("long_sources", {}).get("claims", [])
         rows = [row["vs_transformer"] for row in summary["models"].values() if "vs_transformer" in row]
         for cmp in claims + rows:
-            assert "pooled_p" not in cmp, f"{path.relative_to(REPO)}: remake it (scripts/study.py table)"
+            assert "pooled_p" not in cmp, f"{path.relative_to(REPO)}: remake it (scripts/study/study.py table)"
             for key, test in cmp["bootstrap"].items():
                 assert test["effect"] == pytest.approx(cmp["delta"][key], abs=0.01), path
                 assert (test["ci"] is None) == (len(cmp["seeds"]) < 2) == (test["p"] is None), path

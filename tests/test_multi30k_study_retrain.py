@@ -1,4 +1,4 @@
-"""scripts/recipes/multi30k_study.sh across sessions: a fine-tune whose transformer's checkpoints are gone trains that
+"""scripts/study/multi30k_study.sh across sessions: a fine-tune whose transformer's checkpoints are gone trains that
 transformer again (its own file: the study's tests are split so that the two workers of make test share them)."""
 import json
 import os
@@ -9,7 +9,7 @@ import pytest
 from helpers.study_corpus import corpus, first_run, start_from, study  # noqa: F401  (fixtures)
 
 from tooling import bootstrap
-from tooling.study_plan import decide
+from tooling.study.plan import decide
 
 
 def test_a_later_session_trains_a_lost_transformer_again_for_its_fine_tune(corpus, first_run, tmp_path):

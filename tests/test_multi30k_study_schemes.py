@@ -1,4 +1,4 @@
-"""scripts/recipes/multi30k_study.sh takes any model of the table of schemes by name, and tabulates every finished
+"""scripts/study/multi30k_study.sh takes any model of the table of schemes by name, and tabulates every finished
 run (TABLES_ONLY=1; a run of one model into a shared directory)."""
 import json
 import re

@@ -1,4 +1,4 @@
-"""scripts/recipes/multi30k_study.sh's train-short condition (MAX_TRAIN_LEN, MAX_TRAIN_TOKENS, JOIN_TRAIN) and its
+"""scripts/study/multi30k_study.sh's train-short condition (MAX_TRAIN_LEN, MAX_TRAIN_TOKENS, JOIN_TRAIN) and its
 length probe beyond the training lengths."""
 import json
 import sys

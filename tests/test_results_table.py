@@ -1,4 +1,4 @@
-"""The study in one table and one figure (scripts/tooling/results_table.py): the READMEs' copies of the table are
+"""The study in one table and one figure (scripts/tooling/study/results_table.py): the READMEs' copies of the table are
 what the committed runs give, its readings are short, a converged campaign's summary fills its column, the probe's
 figure is drawn from the committed probe files; the study's documents stay short enough to read."""
 import json
@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO
 from test_readme import LINK, anchors
-from tooling import results_table as rt
+from tooling.study import results_table as rt
 
 STUDY_README = REPO / "results" / "multi30k_study" / "README.md"
 HISTORY = REPO / "results" / "multi30k_study" / "history.md"
@@ -19,7 +19,7 @@ EVIDENCE = REPO / "docs" / "real_text_evidence.md"
 
 
 def test_readmes_carry_the_table_the_committed_runs_give():
-    assert rt.check() == [], "run scripts/study.py results-table"
+    assert rt.check() == [], "run scripts/study/study.py results-table"
     assert (REPO / rt.TABLE_FILE).read_text(encoding="utf-8") == rt.build()
 
 
@@ -104,7 +104,7 @@ def test_probe_plot_draws_the_committed_probe_files(tmp_path):
     runs = rt.probe_runs(REPO / rt.PROBE)
     assert "transformer" in runs and "rope_ntk_x4" not in runs and all(len(s) == 3 for s in runs.values())
     out = tmp_path / "probe.png"
-    proc = subprocess.run([sys.executable, "scripts/study.py", "probe-plot", "--out", str(out)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "scripts/study/study.py", "probe-plot", "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""scripts/study_lane.sh: a study lane runs the recipe of one commit from its snapshot, with the condition's folders,
+"""scripts/study/study_lane.sh: a study lane runs the recipe of one commit from its snapshot, with the condition's folders,
 retries a failed attempt but not a refused input, and refuses a bad condition, commit or data folder in one line.
 The lane runs in a small git repository whose recipe records what it was given (the real recipe trains for
 hours); the last test checks the real recipe's side of the contract: a refused input exits 2."""
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, env
 
-LANE = REPO / "scripts" / "study_lane.sh"
+LANE = REPO / "scripts" / "study" / "study_lane.sh"
 # Records its working folder and variables; fails its first attempt (a passing failure) or, with MODELS=refused,
 # refuses its input as the real recipe does.
 FAKE_RECIPE = """#!/usr/bin/env bash
@@ -37,9 +37,9 @@ def checkout(tmp_path):
     """A git repository holding the lane and a fake recipe, committed, then the recipe changed without a commit;
     Multi30k beside it where the lane looks by default."""
     repo = tmp_path / "main"
-    (repo / "scripts" / "recipes").mkdir(parents=True)
-    shutil.copy(LANE, repo / "scripts" / "study_lane.sh")
-    recipe = repo / "scripts" / "recipes" / "multi30k_study.sh"
+    (repo / "scripts" / "study").mkdir(parents=True)
+    shutil.copy(LANE, repo / "scripts" / "study" / "study_lane.sh")
+    recipe = repo / "scripts" / "study" / "multi30k_study.sh"
     recipe.write_text(FAKE_RECIPE.replace("@WHICH@", "committed"))
     git(repo, "init", "-q")
     git(repo, "add", "-A")
@@ -52,7 +52,7 @@ def checkout(tmp_path):
 def lane(repo, *args, **variables):
     e = {k: v for k, v in env().items() if k not in ("MODELS", "SEEDS", "EPOCHS", "JOBS", "MULTI30K_DIR")}
     e.update({"RETRY_SECONDS": "0", "FOREGROUND": "1", **variables})
-    return subprocess.run(["bash", "scripts/study_lane.sh", *args], cwd=repo, env=e, capture_output=True, text=True,
+    return subprocess.run(["bash", "scripts/study/study_lane.sh", *args], cwd=repo, env=e, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -104,7 +104,7 @@ def test_a_lane_gives_up_after_its_retries_with_the_count(checkout):
 
 @pytest.mark.parametrize("args, variables, message", [
     (["epochs30"], {}, "study_lane.sh: CONDITION 'epochs30': expected main, epochs20 or tok32_joined "
-                       "(scripts/study_lane.sh CONDITION [COMMIT])"),
+                       "(scripts/study/study_lane.sh CONDITION [COMMIT])"),
     (["main", "no-such-commit"], {}, "study_lane.sh: COMMIT 'no-such-commit': not a commit of {repo}"),
     (["main"], {"MULTI30K_DIR": "/nonexistent/multi30k"}, "study_lane.sh: MULTI30K_DIR=/nonexistent/multi30k: no such "
                                                           "folder (expected Multi30k's train, val, test_2016_flickr)"),
@@ -119,7 +119,7 @@ def test_bad_input_is_one_line_and_writes_nothing(checkout, args, variables, mes
 
 def test_without_foreground_the_lane_returns_at_once_and_logs_to_the_conditions_folder(checkout):
     e = {k: v for k, v in env().items() if k not in ("FOREGROUND", "MULTI30K_DIR")}
-    proc = subprocess.run(["bash", "scripts/study_lane.sh", "main"], cwd=checkout, text=True, capture_output=True,
+    proc = subprocess.run(["bash", "scripts/study/study_lane.sh", "main"], cwd=checkout, text=True, capture_output=True,
                           env={**e, "RETRY_SECONDS": "0"}, timeout=60)
     log = checkout / "checkpoints" / "multi30k_study" / "study.log"
     assert proc.returncode == 0 and proc.stdout.startswith("study_lane.sh: main from code "), proc.stderr
@@ -134,7 +134,7 @@ def test_without_foreground_the_lane_returns_at_once_and_logs_to_the_conditions_
 
 
 def test_the_recipe_exits_2_on_a_refused_input():
-    proc = subprocess.run(["bash", "scripts/recipes/multi30k_study.sh"], cwd=REPO, capture_output=True, text=True,
+    proc = subprocess.run(["bash", "scripts/study/multi30k_study.sh"], cwd=REPO, capture_output=True, text=True,
                           env={**env(), "SEEDS": "one"}, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == ['multi30k_study.sh: SEEDS="one": expected positive integers, got \'one\'']

@@ -1,4 +1,4 @@
-"""scripts/recipes/prepare_wmt14.sh on a miniature mirror of the WMT14 downloads (tests/helpers/wmt14_mirror.py): archives
+"""scripts/prepare_wmt14.sh on a miniature mirror of the WMT14 downloads (tests/helpers/wmt14_mirror.py): archives
 -> cleaned text -> joint sentencepiece -> fairseq binarized data, for both pairs, offline; reruns skip what is
 done; bad input stops with one line naming the file."""
 import re
@@ -25,7 +25,7 @@ def mirror(tmp_path_factory):
 
 
 def prepare(pair, archives, out, sums, *extra, check=True):
-    return run(["bash", "scripts/recipes/prepare_wmt14.sh", pair, "--from", str(archives), "--out", str(out),
+    return run(["bash", "scripts/prepare_wmt14.sh", pair, "--from", str(archives), "--out", str(out),
                 "--vocab", VOCAB, "--checksums", str(sums), *extra], check=check)
 
 
@@ -86,7 +86,7 @@ def test_download_with_resume(mirror, tmp_path):
     downloads.mkdir()
     full = (root / "archives" / "dev.tgz").read_bytes()
     (downloads / "dev.tgz.part").write_bytes(full[: len(full) // 2])  # an interrupted download
-    run(["bash", "scripts/recipes/prepare_wmt14.sh", "en-de", "--download-dir", str(downloads), "--out", str(tmp_path / "out"),
+    run(["bash", "scripts/prepare_wmt14.sh", "en-de", "--download-dir", str(downloads), "--out", str(tmp_path / "out"),
          "--vocab", VOCAB, "--checksums", str(root / "sums.txt")], env_extra={"WMT14_URL_BASE": site.as_uri()})
     assert (downloads / "dev.tgz").read_bytes() == full and not (downloads / "dev.tgz.part").exists()
     assert lines(tmp_path / "out" / "raw" / "test.de") == [t for _, t in expected["test"]["en-de"]]

@@ -6,7 +6,7 @@ flags (the learned row is fairseq's ``transformer_tiny`` with ``--encoder/decode
 ``errors(model)`` gives the largest |alone − batched| of the decoder's output logits, teacher-forced and in
 incremental decoding with a beam reorder, over every sentence and real target position; ``beam_differences``
 counts the sentences whose beam-search hypotheses differ alone and batched. Used by tests/test_batch_invariance.py
-(CPU) and scripts/gpu_check.py's invariance section (CUDA)."""
+(CPU) and scripts/gpu/gpu_check.py's invariance section (CUDA)."""
 import torch
 from fairseq import options
 from fairseq.data import Dictionary

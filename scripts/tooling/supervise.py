@@ -6,7 +6,7 @@ everything it started at a cap.
     kill_group(proc, grace=10)                        # SIGTERM, 10 s, then SIGKILL to the whole group
     children_cpu()                                    # CPU seconds of the children that have ended
 
-Used by scripts/gpu_check.py (each section in its own process, killed at its cap) and by any command that runs
+Used by scripts/gpu/gpu_check.py (each section in its own process, killed at its cap) and by any command that runs
 others under a time cap.
 """
 import contextlib

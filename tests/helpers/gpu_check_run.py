@@ -1,11 +1,11 @@
-"""Running scripts/gpu_check.sh from the tests, and what its committed output may not hold."""
+"""Running scripts/gpu/gpu_check.sh from the tests, and what its committed output may not hold."""
 import subprocess
 
 from conftest import REPO, env
 
 
 def gpu_check(*argv, extra_env=None, timeout=900):
-    return subprocess.run(["bash", "scripts/gpu_check.sh", *argv], cwd=REPO,
+    return subprocess.run(["bash", "scripts/gpu/gpu_check.sh", *argv], cwd=REPO,
                           env={**env(), "OMP_NUM_THREADS": "1", **(extra_env or {})}, capture_output=True, text=True,
                           timeout=timeout)
 

@@ -60,4 +60,4 @@ def study(corpus, work, check=True, **overrides):
            # so the probe's decoding was most of a run's cost
            "PROBE_PER_K": "5"}
     env.update(overrides)
-    return run(["bash", "scripts/recipes/multi30k_study.sh"], check=check, env_extra=env)
+    return run(["bash", "scripts/study/multi30k_study.sh"], check=check, env_extra=env)

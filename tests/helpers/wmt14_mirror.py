@@ -1,7 +1,7 @@
 """A miniature copy of the statmt.org WMT14 downloads: the same archive names and member paths as the real
 ones (training-parallel-*.tgz, training-giga-fren.tar with gzipped members, dev.tgz and test-full.tgz with
 SGML newstest files), holding a few hundred synthetic sentence pairs, plus pairs that cleaning must drop
-or repair. Used by tests/test_wmt_pipeline.py through scripts/recipes/prepare_wmt14.sh --from."""
+or repair. Used by tests/test_wmt_pipeline.py through scripts/prepare_wmt14.sh --from."""
 import gzip
 import hashlib
 import io

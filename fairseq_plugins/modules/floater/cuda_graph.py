@@ -38,7 +38,7 @@ overwrites, and its intermediate memory belongs to its pool for as long as the g
   leaves its capture stream current when ending an invalidated capture raises).
 
 Verified on CPU by emulating the graphs' data semantics (``tests/test_floater_cuda_graph.py``); what has run
-on a GPU is in ``results/gpu_check.md``.
+on a GPU is in ``results/gpu_check/gpu_check.md``.
 """
 
 import logging

@@ -98,7 +98,7 @@ class Floater(PositionScheme):
              "from captured CUDA graphs (one per bucket of lengths) instead of launching it step by step. Opt-in: "
              "verified on CPU by emulating CUDA graphs' buffer semantics, and on an H100 and an H200: gradients "
              "equal to the loop's (1e-7), update 2.1-5.2x the Transformer's against 3.9-11.3x without (H100), "
-             "memory over its modelled bound (results/gpu_check_notes.md)", _D.cuda_graph, switch=True,
+             "memory over its modelled bound (results/gpu_check/gpu_check_notes.md)", _D.cuda_graph, switch=True,
              off="--floater-no-cuda-graph", off_help="the default (step by step); accepted for command lines "
              "written when graphs were on by default"),
         Flag("--floater-shared-solve", boolean, None, "one ODE solve per update, shared by its --update-freq "

@@ -1,0 +1,132 @@
+"""The benchmark's models and batches, built through fairseq's own APIs (tooling.bench.phases, tooling.bench.regime,
+tooling.bench.ops and the GPU check's section floater_graph import them).
+
+    ARCHS[dims][model]     (architecture, flags) of every scheme of the table, at equal dims per size
+    model_specs(dims, N)   name -> (arch, flags, kind) of every model the benchmark compares (FLOATER exact and cached)
+    Bundle.build(...)      task, model, criterion and fairseq's Adam, as fairseq-train builds them; .train_update
+    random_batch(...)      B random sentences of T tokens on both sides, laid out as fairseq's collater does
+"""
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+# fairseq 0.12.2's Hydra 1.0-era config calls and its torch.cuda.amp.autocast call warn on every model build/update
+warnings.filterwarnings("ignore", category=UserWarning, message=r"(?s).*(hydra|[Cc]onfig[Ss]tore|version_base|strict flag|package header)")
+warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.cuda\.amp\.autocast")
+logging.getLogger("fairseq.utils").setLevel(logging.WARNING)  # "--user-dir ... has already been imported"
+
+from fairseq_plugins.schemes import MODELS as SCHEME_TABLE  # noqa: E402  (the table of schemes)
+from tooling.paths import REPO  # noqa: E402
+
+PLUGINS = REPO / "fairseq_plugins"
+COMMON_FLAGS = [
+    "--task", "translation", "--share-all-embeddings",
+    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+]
+PRELOAD = ["fairseq_plugins", "fairseq.options", "fairseq.optim", "fairseq.tasks.translation",
+           "fairseq.sequence_generator", "torch._dynamo"]  # torch.optim imports torch._dynamo on first use
+
+# The compared models, from the table of schemes (fairseq_plugins/schemes.py): (architecture, extra
+# flags) per size. The base relative arch pins Shaw et al.'s FFN of 1024, so every model gets
+# --encoder/decoder-ffn-embed-dim 1024: every model has the same dims and differs only in its position scheme.
+BASE_FFN = ["--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024"]
+ARCHS = {dims: {name: (scheme.arch(dims), list(scheme.flags) + (BASE_FFN if dims == "base" else []))
+                for name, scheme in SCHEME_TABLE.items()}
+         for dims in ("base", "big", "tiny")}
+SCHEME_NAMES = tuple(n for n in SCHEME_TABLE if n not in ("transformer", "relative", "floater"))
+BASELINE = "transformer"
+GRAPH = "floater_graph"  # the exact FLOATER with --floater-cuda-graph
+SHARED = "floater_shared"  # the exact FLOATER with --floater-shared-solve (one solve per --update-freq update)
+
+
+def model_specs(dims, floater_every, archs=None):
+    """name -> (arch, flags, kind) for every model bench can compare (FLOATER twice: exact and cached); `archs`:
+    ARCHS[dims] unless given."""
+    archs = archs or ARCHS[dims]
+    return {
+        "transformer": (*archs["transformer"], "transformer"),
+        "relative": (*archs["relative"], "relative"),
+        "floater": (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1"], "floater"),
+        f"floater_every{floater_every}": (
+            archs["floater"][0], archs["floater"][1] + ["--floater-update-every", str(floater_every)], "floater"),
+        GRAPH: (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1", "--floater-cuda-graph"],
+                "floater"),
+        SHARED: (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1", "--floater-shared-solve"],
+                 "floater"),
+        **{name: (*archs[name], name) for name in SCHEME_NAMES},
+    }
+
+
+def synthetic_dictionary(size):
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(size - len(d)):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+@dataclass
+class Bundle:
+    """One model as fairseq-train holds it: task, model, criterion, fairseq's Adam, and the update counter."""
+
+    task: Any
+    model: torch.nn.Module
+    criterion: Any
+    optimizer: Any
+    updates: int = 1
+    kind: Optional[str] = None
+
+    @classmethod
+    def build(cls, arch, flags, dictionary, device, seed, kind=None):
+        """Parse `--arch arch flags` with fairseq's training parser and build as fairseq-train does, seeded."""
+        from fairseq import optim, options
+        from fairseq.tasks.translation import TranslationTask
+
+        argv = ["unused-data-dir", "--user-dir", str(PLUGINS), "--arch", arch, *COMMON_FLAGS, *flags]
+        args = options.parse_args_and_arch(options.get_training_parser(),
+                                           argv + (["--cpu"] if device == "cpu" else []))
+        task = TranslationTask(args, dictionary, dictionary)
+        torch.manual_seed(seed)
+        model = task.build_model(args).to(device)
+        criterion = task.build_criterion(args).to(device)
+        optimizer = optim.build_optimizer(args, [p for p in model.parameters() if p.requires_grad])
+        return cls(task, model, criterion, optimizer, kind=kind)
+
+    def train_update(self, sample):
+        """One training update as fairseq's Trainer does it: zero grads, train_step (forward, criterion,
+        backward), gradients divided by the sample size, gradient norm (no clipping), Adam step, update counter."""
+        self.optimizer.zero_grad()
+        _, sample_size, _ = self.task.train_step(sample, self.model, self.criterion, self.optimizer, self.updates)
+        self.optimizer.multiply_grads(1.0 / (sample_size or 1.0))
+        self.optimizer.clip_grad_norm(0.0)
+        self.optimizer.step()
+        self.updates += 1
+        self.model.set_num_updates(self.updates)
+
+
+def random_batch(dictionary, bsz, length, device, seed):
+    """B sentences of `length` random tokens (last one EOS) on both sides, as fairseq's collater lays them out."""
+    g = torch.Generator().manual_seed(seed)
+    eos = dictionary.eos()
+
+    def sentences():
+        x = torch.randint(dictionary.nspecial, len(dictionary), (bsz, length), generator=g)
+        x[:, -1] = eos
+        return x
+
+    src, tgt = sentences(), sentences()
+    prev = torch.cat([torch.full((bsz, 1), eos), tgt[:, :-1]], dim=1)
+    sample = {
+        "id": torch.arange(bsz), "nsentences": bsz, "ntokens": bsz * length, "target": tgt,
+        "net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), length), "prev_output_tokens": prev},
+    }
+    from fairseq import utils
+
+    return utils.move_to_cuda(sample) if device == "cuda" else sample
+
+
