@@ -140,12 +140,12 @@ def test_one_solve_in_flight_and_bounded_graph_memory(emulation):
         a.load_state_dict(b.state_dict())
     captures = capture_count()
     first, second = solve_flows(flows, initial, 20), solve_flows(flows, initial, 30)  # second: the loop
-    assert floater_cuda_graph.in_flight() and capture_count() - captures == 2
+    assert floater_cuda_graph.GRAPHS.in_flight() and capture_count() - captures == 2
     got = values_and_gradients([*first, *second], flows, initial)
     want = values_and_gradients([*solve_flows(plain, initial, 20), *solve_flows(plain, initial, 30)], plain, initial)
     for a, b in zip([*got[0], *got[1]], [*want[0], *want[1]]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
-    assert not floater_cuda_graph.in_flight()
+    assert not floater_cuda_graph.GRAPHS.in_flight()
     rows, hidden, element = 3, 7, 8  # float64 here
     seen = []
     for points in (20, 40, 30, 100, 16):
@@ -153,11 +153,11 @@ def test_one_solve_in_flight_and_bounded_graph_memory(emulation):
         seen.append(points)
         longest = floater_cuda_graph.graph_bucket(max(seen))
         tape = floater_cuda_graph.tape_bytes(2, rows, hidden, longest, torch.float64)
-        statics = floater_cuda_graph.held_bytes() - tape
+        statics = floater_cuda_graph.GRAPHS.held_bytes() - tape
         # per captured bucket: its input copies, output, output gradient and input gradients
         assert 0 < statics <= 2 * 2 * rows * hidden * element * sum(
             floater_cuda_graph.graph_bucket(p) + 8 for p in (20, 40, 30, 100, 16)), statics
-        assert floater_cuda_graph.held_bytes() < 1.2 * tape
+        assert floater_cuda_graph.GRAPHS.held_bytes() < 1.2 * tape
 
 
 def _latent_args(flows, rows, hidden, seed=0):
@@ -182,11 +182,11 @@ def _capture_buckets(buckets, flows, rows, hidden):
 
     for points in buckets:
         before = len(capture_allocations())
-        q = floater_cuda_graph.replay(kernel, rk4_plan(points, 0.1), args, points)
+        q = floater_cuda_graph.GRAPHS.replay(kernel, rk4_plan(points, 0.1), args, points)
         q.sum().backward()
         allocated[points] = capture_allocations()[before:]
         assert len(allocated[points]) == 2, points  # its forward and backward, captured now
-    floater_cuda_graph.reset()
+    floater_cuda_graph.GRAPHS.reset()
     return allocated, calls
 
 
@@ -231,7 +231,7 @@ def test_a_longer_bucket_returns_the_replaced_tape_before_placing_its_buffers(em
     seen = []  # per empty_cache: the tape's shared buffer (its elements; None between drop and allocation)
 
     def recording_empty_cache():
-        seen.append([None if t.buffer is None else t.buffer.numel() for t in floater_cuda_graph._TAPES.values()])
+        seen.append([None if t.buffer is None else t.buffer.numel() for t in floater_cuda_graph.GRAPHS.tapes.values()])
 
     monkeypatch.setattr(torch.cuda, "empty_cache", recording_empty_cache)  # torch.cuda.graph calls it too
 
@@ -307,17 +307,17 @@ def test_a_failed_capture_runs_the_loop_with_one_warning_and_is_not_retried(emul
         want = values_and_gradients(solve_flows(plain, initial, 20), plain, initial)
         assert all(torch.equal(a, b) for a, b in zip([*got[0], *got[1]], [*want[0], *want[1]]))
         assert torch.cuda.current_stream() is torch.cuda.default_stream()
-        assert floater_cuda_graph.captured_buckets() == 0 and not floater_cuda_graph.in_flight()
+        assert floater_cuda_graph.GRAPHS.captured_buckets() == 0 and not floater_cuda_graph.GRAPHS.in_flight()
     assert len(set(tries)) == 1 and len(tries) == {"capture": 2, "warm-up": 1}[where], tries  # tried once
     warnings = [r.getMessage() for r in caplog.records if r.name == floater_cuda_graph.__name__]
     error = {"capture": "CaptureError", "warm-up": "OutOfMemoryError"}[where]
     assert len(warnings) == 1 and "24 positions" in warnings[0] and error in warnings[0], warnings
     # nothing of the failed bucket is held: only the static inputs' copies
-    assert floater_cuda_graph.held_bytes() < floater_cuda_graph.tape_bytes(2, 3, 7, 16, torch.float64)
+    assert floater_cuda_graph.GRAPHS.held_bytes() < floater_cuda_graph.tape_bytes(2, 3, 7, 16, torch.float64)
     captures = capture_count()
     got = values_and_gradients(solve_flows(flows, initial, 30), flows, initial)  # bucket 32: captured
     want = values_and_gradients(solve_flows(plain, initial, 30), plain, initial)
-    assert capture_count() - captures == 2 and floater_cuda_graph.captured_buckets() == 1
+    assert capture_count() - captures == 2 and floater_cuda_graph.GRAPHS.captured_buckets() == 1
     for a, b in zip([*got[0], *got[1]], [*want[0], *want[1]]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 

@@ -291,4 +291,5 @@ def _reset_captures():
         from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
     except ImportError:  # code from before the module existed
         return
-    floater_cuda_graph.reset()
+    graphs = getattr(floater_cuda_graph, "GRAPHS", floater_cuda_graph)  # older code: module functions
+    graphs.reset()

@@ -18,7 +18,8 @@ added to block n's q/k/v projections at position i, so h ≡ 0 with b(0) = 0 is 
 - ``scheme.py``      ``Floater``, the row of ``position_transformer`` (``fairseq_plugins/schemes.py``): its flags,
   and the binding of the flows' output to a stack's attention projections through the contract's hooks.
 
-This file is the package's public interface: the model, the scripts and the tests import from here.
+This file is the package's public interface: the model and the scripts import from here (the tests of a module
+import that module); ``CUDA_GRAPHS`` is the process's captured solves (reset, captured_buckets, held_bytes).
 """
 
 from .attention import (  # noqa: F401
@@ -28,6 +29,7 @@ from .attention import (  # noqa: F401
     step_bindings,
     token_rows,
 )
+from .cuda_graph import GRAPHS as CUDA_GRAPHS, graph_bucket, tape_bytes  # noqa: F401
 from .dynamics import (  # noqa: F401
     DEFAULT_SETTINGS,
     FIXED_GRID_SOLVERS,

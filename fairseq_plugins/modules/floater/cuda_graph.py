@@ -21,7 +21,7 @@ overwrites, and its intermediate memory belongs to its pool for as long as the g
   a strided slice of a longer tape would make RK4's batched product copy the whole slice inside the capture.
   The run then holds one tape and the capture workspace of the longest bucket it met, plus each bucket's output
   and input gradients, not a tape per bucket. A longer bucket replaces the shared buffers and drops the graphs
-  that used the old ones (``held_bytes`` reports what is held, ``captured_buckets`` how many are captured). A
+  that used the old ones (``GRAPHS.held_bytes()`` reports what is held, ``GRAPHS.captured_buckets()`` how many are captured). A
   replacement returns what it frees: the new graphs capture into a fresh pool, and the allocator frees the old
   one's segments on ``empty_cache`` once no graph captured into it lives (``releasePool``); the cache is emptied
   before the new buffers are allocated, or the new output gradient, given the smallest cached block that fits,
@@ -91,32 +91,6 @@ class _Tape:
         return tape, grad_output
 
 
-_TAPES: Dict[tuple, _Tape] = {}
-_IN_FLIGHT: List[Optional[weakref.ref]] = [None]
-
-
-def reset():
-    """Drop every captured graph and tape (their memory goes back to torch's allocator)."""
-    _TAPES.clear()
-    _IN_FLIGHT[0] = None
-
-
-def captured_buckets() -> int:
-    """How many buckets are captured now, over every solve shape."""
-    return sum(len(tape.graphs) for tape in _TAPES.values())
-
-
-def held_bytes() -> int:
-    """Bytes held between solves: the tapes and every graph's static buffers (not the shared pools)."""
-    total = 0
-    for tape in _TAPES.values():
-        shared = [*tape.inputs] + [t for t in (tape.buffer, tape.grad_output) if t is not None]
-        total += sum(t.numel() * t.element_size() for t in shared)
-        for captured in tape.graphs.values():
-            total += sum(t.numel() * t.element_size() for t in captured.static_tensors())
-    return total
-
-
 class _Captured:
     """One bucket's forward and backward graphs with their static buffers."""
 
@@ -156,12 +130,12 @@ class _Replay(torch.autograd.Function):
     """The captured solve as an autograd function: copies in, replays, copies out (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, captured: _Captured, *args: Tensor) -> Tensor:
+    def forward(ctx, graphs: "CudaGraphSolves", captured: _Captured, *args: Tensor) -> Tensor:
         for static, value in zip(captured.inputs, args):
             static.copy_(value)
         captured.forward_graph.replay()
-        ctx.captured, ctx.flight = captured, _Flight()
-        _IN_FLIGHT[0] = weakref.ref(ctx.flight)
+        ctx.graphs, ctx.captured, ctx.flight = graphs, captured, _Flight()
+        graphs.flight = weakref.ref(ctx.flight)
         return captured.output.clone()  # the next replay overwrites the static output
 
     @staticmethod
@@ -170,17 +144,12 @@ class _Replay(torch.autograd.Function):
         captured = ctx.captured
         captured.grad_output.copy_(grad)
         captured.backward_graph.replay()
-        if _IN_FLIGHT[0] is not None and _IN_FLIGHT[0]() is ctx.flight:
-            _IN_FLIGHT[0] = None
+        if ctx.graphs.flight is not None and ctx.graphs.flight() is ctx.flight:
+            ctx.graphs.flight = None
         # fresh tensors: autograd may keep a returned gradient as a parameter's .grad, and the next replay
         # would overwrite it in place (torch's make_graphed_callables returns the static buffers themselves)
         grads = [captured.grads.get(i) for i in range(len(captured.inputs))]
-        return (None, *(g.clone() if g is not None else None for g in grads))
-
-
-def in_flight() -> bool:
-    """Whether a replayed forward still waits for its backward (its autograd graph is alive)."""
-    return _IN_FLIGHT[0] is not None and _IN_FLIGHT[0]() is not None
+        return (None, None, *(g.clone() if g is not None else None for g in grads))
 
 
 def _capture(shape: _Tape, kernel, plan, flows: int, rows: int, hidden: int) -> Optional[_Captured]:
@@ -215,27 +184,62 @@ def _capture(shape: _Tape, kernel, plan, flows: int, rows: int, hidden: int) -> 
     return captured
 
 
-def replay(kernel, plan, args: Tuple[Tensor, ...], num_points: int) -> Optional[Tensor]:
-    """q of ``kernel`` on ``plan``'s grid (a bucket's), replayed from graphs captured on first use, cut to
-    num_points rows; None while another replayed solve waits for its backward (the caller runs the loop)."""
-    if in_flight():
-        return None
-    z0 = args[0]
-    flows, rows, hidden = z0.shape
-    key = (z0.device, z0.dtype, flows, rows, hidden, plan.dt,
-           tuple((a.shape, a.requires_grad) for a in args))
-    with torch.cuda.device(z0.device):
-        shape = _TAPES.get(key)
-        if shape is None:
-            shape = _TAPES[key] = _Tape(args)
-        if plan.points in shape.failed:
+class CudaGraphSolves:
+    """The process's captured solves: a _Tape per solve shape (device, dtype, sizes, grid step) with its buckets'
+    graphs, and the one replayed forward that waits for its backward. One per process (``GRAPHS``): the graphs,
+    their pools and the tape belong to the device, whichever model solves."""
+
+    def __init__(self):
+        self.tapes: Dict[tuple, _Tape] = {}
+        self.flight: Optional[weakref.ref] = None  # the replayed forward whose backward has not run
+
+    def reset(self):
+        """Drop every captured graph and tape (their memory goes back to torch's allocator)."""
+        self.tapes.clear()
+        self.flight = None
+
+    def in_flight(self) -> bool:
+        """Whether a replayed forward still waits for its backward (its autograd graph is alive)."""
+        return self.flight is not None and self.flight() is not None
+
+    def captured_buckets(self) -> int:
+        """How many buckets are captured now, over every solve shape."""
+        return sum(len(tape.graphs) for tape in self.tapes.values())
+
+    def held_bytes(self) -> int:
+        """Bytes held between solves: the tapes and every graph's static buffers (not the shared pools)."""
+        total = 0
+        for tape in self.tapes.values():
+            shared = [*tape.inputs] + [t for t in (tape.buffer, tape.grad_output) if t is not None]
+            total += sum(t.numel() * t.element_size() for t in shared)
+            for captured in tape.graphs.values():
+                total += sum(t.numel() * t.element_size() for t in captured.static_tensors())
+        return total
+
+    def replay(self, kernel, plan, args: Tuple[Tensor, ...], num_points: int) -> Optional[Tensor]:
+        """q of ``kernel`` on ``plan``'s grid (a bucket's), replayed from graphs captured on first use, cut to
+        num_points rows; None while another replayed solve waits for its backward (the caller runs the loop)."""
+        if self.in_flight():
             return None
-        captured = shape.graphs.get(plan.points)
-        if captured is None:
-            captured = _capture(shape, kernel, plan, flows, rows, hidden)
-            if captured is None:
+        z0 = args[0]
+        flows, rows, hidden = z0.shape
+        key = (z0.device, z0.dtype, flows, rows, hidden, plan.dt,
+               tuple((a.shape, a.requires_grad) for a in args))
+        with torch.cuda.device(z0.device):
+            shape = self.tapes.get(key)
+            if shape is None:
+                shape = self.tapes[key] = _Tape(args)
+            if plan.points in shape.failed:
                 return None
-        q = _Replay.apply(captured, *args)
-    kept = q[:, :num_points]
-    # NaN in the kept rows when any extra row is not finite: solve_checked then refuses the solve
-    return torch.where(torch.isfinite(q).all(), kept, torch.full_like(kept, float("nan")))
+            captured = shape.graphs.get(plan.points)
+            if captured is None:
+                captured = _capture(shape, kernel, plan, flows, rows, hidden)
+                if captured is None:
+                    return None
+            q = _Replay.apply(self, captured, *args)
+        kept = q[:, :num_points]
+        # NaN in the kept rows when any extra row is not finite: solve_checked then refuses the solve
+        return torch.where(torch.isfinite(q).all(), kept, torch.full_like(kept, float("nan")))
+
+
+GRAPHS = CudaGraphSolves()

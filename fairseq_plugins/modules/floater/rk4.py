@@ -33,7 +33,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from . import cuda_graph as floater_cuda_graph
-from .cuda_graph import graph_bucket  # noqa: F401  (the buckets' lengths; tests import it from here)
+from .cuda_graph import graph_bucket
 from .dynamics import STEPS_PER_DT, FloaterDynamics
 
 # torchdiffeq's "rk4" is the 3/8 rule (rk4_alt_step_func).
@@ -240,7 +240,7 @@ def solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, dt: float, fir
     args = (z0, Mt, c1, w1, ec, et)
     q = None
     if cuda_graph and capturable(y0, args, first_index):
-        q = floater_cuda_graph.replay(_LatentRK4.apply, rk4_plan(graph_bucket(num_points), dt, first_index), args,
+        q = floater_cuda_graph.GRAPHS.replay(_LatentRK4.apply, rk4_plan(graph_bucket(num_points), dt, first_index), args,
                                       num_points)  # None while another captured solve awaits its backward
     plan = rk4_plan(num_points, dt, first_index)
     if q is None:

@@ -36,8 +36,7 @@ def op_counter():
 
 def count_ops(args):
     """Operators and host syncs of one training update per model and of FLOATER's exact solve (see the docstring)."""
-    from fairseq_plugins.modules.floater import solve_flows
-    from fairseq_plugins.modules.floater.dynamics import STEPS_PER_DT
+    from fairseq_plugins.modules.floater import STEPS_PER_DT, solve_flows
 
     device, lengths = args.device, parse_lengths(args.lengths)
     if args.threads:

@@ -102,12 +102,12 @@ def stepped_gradients(trainer):
 
 
 def trainer_check(data, device, modes, rows, updates=2, update_freq=3):
-    from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
+    from fairseq_plugins.modules.floater import CUDA_GRAPHS
 
     for mode in modes:
         grads, captured = {}, 0
         for graph in (True, False):
-            floater_cuda_graph.reset()
+            CUDA_GRAPHS.reset()
             flags = TRAINER_MODES[mode] + ["--update-freq", str(update_freq)] + (
                 ["--floater-cuda-graph"] if graph else [])
             trainer, batches = build_trainer(data, device, flags)
@@ -116,12 +116,12 @@ def trainer_check(data, device, modes, rows, updates=2, update_freq=3):
                 trainer.train_step([next(batches) for _ in range(update_freq)])
             grads[graph] = record
             if graph:  # the buckets captured: the graph path was taken
-                captured = floater_cuda_graph.captured_buckets()
+                captured = CUDA_GRAPHS.captured_buckets()
         errors = [rel_error(a, b) for a, b in zip(grads[True], grads[False])]
         rows.add("trainer", mode=mode, update_freq=update_freq, updates=len(errors), captured_buckets=captured,
                  gradient_error=max(errors) if errors else None)
         log(f"trainer {mode}: gradient error {rows.rows[-1]['gradient_error']}, {captured} buckets")
-    floater_cuda_graph.reset()
+    CUDA_GRAPHS.reset()
 
 
 def bucket_buffer_bytes(flows, rows, hidden, bucket, element=4):
@@ -160,7 +160,7 @@ def order_check(device, dims, lengths, tokens, rows):
 
     import torch
     from tooling.bench import models as bench
-    from fairseq_plugins.modules.floater import cuda_graph as floater_cuda_graph
+    from fairseq_plugins.modules.floater import CUDA_GRAPHS, graph_bucket, tape_bytes
 
     dictionary = bench.synthetic_dictionary(1000)
     arch, flags = bench.ARCHS[dims]["floater"]
@@ -170,7 +170,7 @@ def order_check(device, dims, lengths, tokens, rows):
         sequence = sorted(lengths, reverse=order == "longest-first")
         grads, losses, measured = {}, {}, {}
         for graph in (False, True):
-            floater_cuda_graph.reset()
+            CUDA_GRAPHS.reset()
             gc.collect()
             if cuda:
                 torch.cuda.synchronize()
@@ -198,20 +198,20 @@ def order_check(device, dims, lengths, tokens, rows):
             measured[graph] = {
                 "reserved": torch.cuda.memory_reserved() if cuda else None, "cached": cached,
                 "peak_allocated": torch.cuda.max_memory_allocated() if cuda else None,
-                "held": floater_cuda_graph.held_bytes(), "buckets": floater_cuda_graph.captured_buckets(),
+                "held": CUDA_GRAPHS.held_bytes(), "buckets": CUDA_GRAPHS.captured_buckets(),
                 "pools": pool_accounting(torch.cuda.memory_snapshot()) if cuda else None}
             del b, sample, loss
-        floater_cuda_graph.reset()
+        CUDA_GRAPHS.reset()
         for T in sequence:
-            rows.add("order_step", order=order, length=T, bucket=floater_cuda_graph.graph_bucket(T),
+            rows.add("order_step", order=order, length=T, bucket=graph_bucket(T),
                      gradient_error=max(rel_error(grads[True, T, r], grads[False, T, r]) for r in range(2)),
                      loss_error=max(abs(losses[True, T, r] - losses[False, T, r]) / abs(losses[False, T, r])
                                     for r in range(2)))
         flows, k, hidden = shape
-        longest = floater_cuda_graph.graph_bucket(max(lengths))
-        tape = floater_cuda_graph.tape_bytes(flows, k, hidden, longest)
+        longest = graph_bucket(max(lengths))
+        tape = tape_bytes(flows, k, hidden, longest)
         buffers = sum(bucket_buffer_bytes(flows, k, hidden, bucket)
-                      for bucket in sorted({floater_cuda_graph.graph_bucket(T) for T in lengths}))
+                      for bucket in sorted({graph_bucket(T) for T in lengths}))
         graph_memory = (measured[True]["reserved"] - measured[False]["reserved"] if cuda
                         else measured[True]["held"])
         mib = 2**20
