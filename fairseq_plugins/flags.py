@@ -55,14 +55,18 @@ class OneLineFlag(argparse.Action):
         setattr(namespace, self.dest, value)
 
 
+def _number(kind, text):
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+
+
 def positive(kind):
     """A finite number (kind float) or an integer (kind int) > 0."""
 
     def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        value = _number(kind, text)
         if not value > 0 or value == float("inf"):
             raise ValueError(f"must be > 0, got {text}")
         return value
@@ -71,11 +75,10 @@ def positive(kind):
 
 
 def at_least(kind, low):
+    """A number or an integer >= low."""
+
     def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        value = _number(kind, text)
         if not value >= low:
             raise ValueError(f"must be >= {low}, got {text}")
         return value

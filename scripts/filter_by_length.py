@@ -16,13 +16,12 @@ training distribution, and only the positions past the cap are new.
 Prints how many pairs were kept and dropped (and joined); refuses misaligned input."""
 import argparse
 import os
-import sys
 
 from tooling.atomic import atomic_open
+from tooling.tool import Tool
 
 
-def fail(message):
-    sys.exit(f"filter_by_length.py: {message}")
+fail = Tool("filter_by_length.py").fail
 
 
 def packs(src_len, tgt_len, limit):

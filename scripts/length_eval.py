@@ -20,21 +20,22 @@ bucket's score is sacrebleu's corpus BLEU on exactly that subset.
 import argparse
 import json
 import math
-import sys
 
 import sacrebleu
 
 from tooling.atomic import save_figure, write_json, write_text
 from tooling.paths import portable
+from tooling.tool import Tool
+
+
+TOOL = Tool("length_eval.py")
 
 
 def read_lines(paths, what):
-    lines = []
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            lines += [line.rstrip("\n") for line in f]
+    """The lines of --WHAT's files, one after the other."""
+    lines = [line for path in paths for line in TOOL.read_lines(path, f"--{what}")]
     if not lines:
-        sys.exit(f"length_eval.py: --{what} files {paths} are empty")
+        TOOL.fail(f"--{what} files {paths} are empty")
     return lines
 
 
@@ -42,9 +43,9 @@ def parse_edges(text):
     try:
         edges = [math.inf if e.strip() == "inf" else int(e) for e in text.split(",")]
     except ValueError:
-        sys.exit(f"length_eval.py: --edges must be comma-separated integers (last may be inf), got {text!r}")
+        TOOL.fail(f"--edges must be comma-separated integers (last may be inf), got {text!r}")
     if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:])):
-        sys.exit(f"length_eval.py: --edges must be at least two strictly increasing values, got {text!r}")
+        TOOL.fail(f"--edges must be at least two strictly increasing values, got {text!r}")
     return edges
 
 
@@ -55,13 +56,13 @@ def bucket_label(lo, hi):
 def score_buckets(src, ref, hyp, edges):
     """[{bucket, lo, hi, sentences, bleu}] for each bucket, plus the overall score."""
     if not len(src) == len(ref) == len(hyp):
-        sys.exit(f"length_eval.py: {len(src)} source, {len(ref)} reference and {len(hyp)} hypothesis lines"
-                 " (must be equal)")
+        TOOL.fail(f"{len(src)} source, {len(ref)} reference and {len(hyp)} hypothesis lines"
+                  " (must be equal)")
     lengths = [len(s.split()) for s in src]
     outside = [n for n in lengths if not edges[0] <= n < edges[-1]]
     if outside:
-        sys.exit(f"length_eval.py: {len(outside)} sentences have lengths outside --edges "
-                 f"[{edges[0]}, {edges[-1]}) (e.g. {outside[0]} words)")
+        TOOL.fail(f"{len(outside)} sentences have lengths outside --edges "
+                  f"[{edges[0]}, {edges[-1]}) (e.g. {outside[0]} words)")
     buckets = []
     for lo, hi in zip(edges, edges[1:]):
         idx = [i for i, n in enumerate(lengths) if lo <= n < hi]
@@ -94,15 +95,15 @@ def load_results(paths):
             if not {"name", "bleu", "sentences", "buckets"} <= set(result):
                 raise ValueError("lacks name, bleu, sentences or buckets")
         except (OSError, ValueError) as err:
-            sys.exit(f"length_eval.py: {path} is not a result of length_eval.py score ({err})")
+            TOOL.fail(f"{path} is not a result of length_eval.py score ({err})")
         results.append(result)
     labels = [b["bucket"] for b in results[0]["buckets"]]
     if any([b["bucket"] for b in r["buckets"]] != labels for r in results):
-        sys.exit("length_eval.py: the inputs use different buckets; score them with the same --edges")
+        TOOL.fail("the inputs use different buckets; score them with the same --edges")
     if any([b["sentences"] for b in r["buckets"]] != [b["sentences"] for b in results[0]["buckets"]]
            for r in results):
-        sys.exit("length_eval.py: the inputs were scored on different test sets (their buckets hold different "
-                 "numbers of sentences)")
+        TOOL.fail("the inputs were scored on different test sets (their buckets hold different "
+                  "numbers of sentences)")
     return results, labels, [b["sentences"] for b in results[0]["buckets"]]
 
 

@@ -76,19 +76,17 @@ tooling.position_figures; this file: the command line.
 import argparse
 import os
 import re
-import sys
 from pathlib import Path
 
 from tooling.position_arrays import BadInput, floater_biases, is_floater, load_model, register_plugins
 from tooling.position_figures import compare_figure, figures
+from tooling.tool import Tool
 
 PROG = "plot_positions.py"
 MAX_POSITIONS = 4096  # heatmaps of more positions than this have more cells than pixels anyway
 
 
-def fail(message):
-    print(f"{PROG}: {message}", file=sys.stderr)
-    sys.exit(2)
+fail = Tool(PROG, status=2).fail
 
 
 # -- command line ----------------------------------------------------------------------------------------------

@@ -33,6 +33,19 @@ def alibi_slopes(num_heads: int) -> List[float]:
     return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
 
 
+class FixedSlopes:
+    """m as a tensor per (device, dtype), made on first use; not a buffer, so that model.half() leaves it exact."""
+
+    def __init__(self, num_heads: int):
+        self.num_heads, self._made = num_heads, {}
+
+    def __call__(self, device, dtype) -> Tensor:
+        slopes = self._made.get((device, dtype))
+        if slopes is None:
+            slopes = self._made[device, dtype] = torch.tensor(alibi_slopes(self.num_heads), device=device, dtype=dtype)
+        return slopes
+
+
 class ALiBi(PositionScheme):
     title, equation = "ALiBi (Press et al.)", "−m_h·|j − i|"
 
@@ -43,14 +56,7 @@ class ALiBi(PositionScheme):
     def __init__(self, num_heads: int):
         super().__init__()
         self.num_heads = num_heads
-        self._slopes = {}  # (device, dtype) → m: not a buffer, so that model.half() leaves them exact
-
-    def slopes(self, device, dtype) -> Tensor:
-        slopes = self._slopes.get((device, dtype))
-        if slopes is None:
-            slopes = self._slopes[device, dtype] = torch.tensor(alibi_slopes(self.num_heads), device=device,
-                                                                dtype=dtype)
-        return slopes
+        self.slopes = FixedSlopes(num_heads)  # slopes(device, dtype): m (H,)
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         distance = (q_pos[:, None] - k_pos[None, :]).abs().to(dtype)

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..flags import Flag, FlagError, one_of, positive
-from .alibi import alibi_slopes
+from .alibi import FixedSlopes, alibi_slopes
 from .position_scheme import PositionScheme
 
 SLOPES = ("fixed", "learned")
@@ -66,17 +66,13 @@ class AlibiSync(PositionScheme):
         self.num_heads, self.ratio = num_heads, float(ratio)
         initial = torch.tensor(alibi_slopes(num_heads), dtype=torch.float64)
         self.learned_slopes = nn.Parameter(initial.float()) if learned else None
-        self._fixed = {}  # (device, dtype) → m: not a buffer, so that model.half() leaves fixed slopes exact
+        self._fixed = FixedSlopes(num_heads)
 
     def slopes(self, device, dtype) -> Tensor:
         """m (H,) in dtype."""
         if self.learned_slopes is not None:
             return self.learned_slopes.to(dtype)
-        slopes = self._fixed.get((device, dtype))
-        if slopes is None:
-            slopes = self._fixed[device, dtype] = torch.tensor(alibi_slopes(self.num_heads), device=device,
-                                                               dtype=dtype)
-        return slopes
+        return self._fixed(device, dtype)
 
     def cross_bias(self, q_pos: Tensor, k_pos: Tensor, src_lengths: Tensor,
                    dtype: torch.dtype = torch.float32) -> Tensor:

@@ -6,25 +6,17 @@ tokenized lowercased BLEU, the hypothesis/reference ratios of length and of sent
 """
 import os
 import re
-import sys
 
 from tooling.bleu import prepare, tokenized_bleu
+from tooling.tool import Tool
 
 MAX_LEN_A, MAX_LEN_B = 2, 10
 # a sentence end: . ! or ? (repeated, then closing quotes or brackets) before a space or the end of the line
 SENTENCE_END = re.compile(r"[.!?]+[\"'»«“”‘’)\]]*(?=\s|$)")
 
 
-def fail(message):
-    sys.exit(f"length_probe.py: {message}")
-
-
-def read_lines(path, flag):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f]
-    except OSError as err:
-        fail(f"{flag} {path}: {err.strerror}")
+TOOL = Tool("length_probe.py")
+fail, read_lines = TOOL.fail, TOOL.read_lines
 
 
 def parse_edges(text):

@@ -14,12 +14,12 @@ import os
 import re
 import shutil
 import statistics
-import sys
 import textwrap
 
 from tooling.atomic import save_figure, write_atomic, write_json, write_text
 from tooling.bleu import METHOD_LOWERCASE, tokenized_bleu
 from tooling.paths import locate, portable
+from tooling.tool import Tool
 
 RUN_FILE = re.compile(r"\w+\.seed\d+\.json")  # one run's result: MODEL.seedS.json
 # a finished transformer trained again for its seed's fine-tunes (its checkpoints were on another machine):
@@ -28,16 +28,8 @@ RETRAINED_FILE = re.compile(r"(\w+)\.seed(\d+)\.retrained\.json")
 RETRAINED = "{} trained again"  # its key in load_runs: (RETRAINED.format(model), seed)
 
 
-def fail(msg):
-    sys.exit(f"study.py: {msg}")
-
-
-def read_lines(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f]
-    except OSError as err:
-        fail(f"cannot read {path}: {err.strerror}")
+TOOL = Tool("study.py")
+fail, read_lines = TOOL.fail, TOOL.read_lines
 
 
 def parse_train_log(path):
