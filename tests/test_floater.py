@@ -51,7 +51,7 @@ def test_every_flow_solved_together_equals_each_flow_alone():
     pairs = [(model.encoder.position_scheme.flow, model.encoder.position_scheme.projections),
              (model.decoder.position_scheme.flow, model.decoder.position_scheme.projections),
              (model.decoder.position_scheme.cross_flow, model.decoder.position_scheme.cross_projections)]
-    for (flow, projections), joint in zip(pairs, model.encoder.position_scheme.positions._eval_cache.delta):
+    for (flow, projections), joint in zip(pairs, model.encoder.position_scheme.positions.eval_solves.cache.delta):
         with torch.no_grad():
             alone = flow([p.bias for p in projections], joint.size(0))
         torch.testing.assert_close(joint, alone, rtol=0, atol=1e-12)
@@ -242,7 +242,7 @@ def test_long_inputs_extend_the_cache_and_match_a_fresh_solve(monkeypatch):
     model = floater_model().eval()
     src, lengths, prev = batch(src_len=8)
     model(src, lengths, prev)  # cache holds 64 rows
-    cached = model.encoder.position_scheme.positions._eval_cache.delta[0].size(0)
+    cached = model.encoder.position_scheme.positions.eval_solves.cache.delta[0].size(0)
     long_src, long_prev = torch.randint(4, VOCAB, (2, 4 * cached)), torch.randint(4, VOCAB, (2, 4 * cached))
     calls = count_solves(monkeypatch)
     out = model(long_src, long_src.ne(PAD).sum(1), long_prev)[0]
@@ -251,7 +251,7 @@ def test_long_inputs_extend_the_cache_and_match_a_fresh_solve(monkeypatch):
     for flow in flows(fresh):
         flow.invalidate_cache()
     torch.testing.assert_close(out, fresh(long_src, long_src.ne(PAD).sum(1), long_prev)[0], rtol=0, atol=1e-8)
-    assert all(delta.size(0) >= 4 * cached for delta in model.encoder.position_scheme.positions._eval_cache.delta)
+    assert all(delta.size(0) >= 4 * cached for delta in model.encoder.position_scheme.positions.eval_solves.cache.delta)
 
 
 # -- caching and gradients -----------------------------------------------------------------------------
@@ -299,7 +299,7 @@ def test_update_every_n_resolves_every_n_updates_and_b0_always_learns(monkeypatc
     facts = list(train_updates(model, 7))
     assert [f["solved"] for f in facts] == [k % 3 == 0 for k in range(7)]
     # updates 0, 3, 6: the solve with gradient (7 positions) and the cache's, from the same b(0) and θ without
-    # gradient (16 positions, see FloaterPositions._canonical); the other updates do no solver work at all
+    # gradient (16 positions, see positions._TrainingSolves._canonical); the other updates do no solver work at all
     assert calls == [7, 16] * 3
     for f in facts:
         assert (f["theta_grad"] > 0) == (f["update"] % 3 == 0)

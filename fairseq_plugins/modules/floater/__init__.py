@@ -13,7 +13,8 @@ added to block n's q/k/v projections at position i, so h ≡ 0 with b(0) = 0 is 
 - ``rk4.py``         the default solve: RK4 at Δ/5 in latent coordinates with its hand-written backward;
 - ``cuda_graph.py``  that solve replayed from CUDA graphs (opt-in, ``--floater-cuda-graph``);
 - ``attention.py``   the position-biased q/k/v projections;
-- ``flows.py``       the flows, their solve and caches;
+- ``flows.py``       the flows and their solve;
+- ``positions.py``   a model's flows solved and cached together (training, evaluation);
 - ``shared_solve.py`` one solve per update shared by its micro-batches (opt-in, ``--floater-shared-solve``);
 - ``scheme.py``      ``Floater``, the row of ``position_transformer`` (``fairseq_plugins/schemes.py``): its flags,
   and the binding of the flows' output to a stack's attention projections through the contract's hooks.
@@ -44,9 +45,9 @@ from .dynamics import (  # noqa: F401
 from .flows import (  # noqa: F401
     MIN_CACHE,
     FloaterFlow,
-    FloaterPositions,
     describe_overflow,
     solve_checked,
     solve_flows,
 )
+from .positions import FloaterPositions  # noqa: F401
 from .scheme import Floater  # noqa: F401

@@ -1,7 +1,8 @@
-"""FLOATER's flows: one solve for all of a model's flows per forward, and its caches.
+"""FLOATER's flows and their solve.
 
-The flows, their solve and caches; what a stack's projections add is bound in ``scheme.py``, and the package
-docstring (``__init__.py``) says which file holds the rest. A model has three flows, each with its own θ
+The flows and their solve (``positions.py``: a model's flows solved and cached together); what a stack's
+projections add is bound in ``scheme.py``, and the package docstring (``__init__.py``) says which file holds the
+rest. A model has three flows, each with its own θ
 (encoder; decoder self-attention q/k/v and cross-attention q; cross-attention k/v). A flow's state stacks the k
 initial values it drives, y(0) = [b_1(0); ...; b_k(0)] (k, d): one solve over the grid t_i = i·Δ, i = 0..P−1
 (P: the forward's longest sequence) gives every block's bias at every position, Δb(t_i) = y(t_i) − y(0), shared
@@ -17,14 +18,12 @@ Mapping to code
 - ``solve_checked``                       ``solve_flows``, counted; failures raise ``FloaterSolverError``.
 - ``FloaterFlow``                         one θ with the solver settings and the update counter; calling it
   solves that flow alone (no cache). It returns Δb(t_i) = b(t_i) − b(0), shape (P, k, d).
-- ``FloaterPositions``                    a model's flows with the projections each drives: one solve for
-  all of them per forward (``forward_pass``), the training cache (b(0) + sg[Δb(t_i)] between the re-solves of
-  ``update_every``) and the evaluation cache (once per parameter version; ``cache_size`` positions).
+- ``_TrainCache``                         one flow's part of the training cache (kept by the flow, saved in its
+  state dict); ``positions.py`` holds what solves a model's flows together and caches them.
 """
 
 import copy
-from contextlib import contextmanager
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +40,6 @@ from .dynamics import (
     solve_stacked,
 )
 from .rk4 import solve_latent
-from .shared_solve import SharedSolve, check_pending
 
 MIN_CACHE = 16  # eval caches hold at least this many positions and grow by doubling
 
@@ -233,226 +231,6 @@ def solve_checked(flows: Sequence[FloaterFlow], initial: Sequence[Tensor], num_p
     if not bool(torch.stack([torch.isfinite(y).all() for y in ys]).all()):
         raise FloaterSolverError(flows[0].describe_failure(first_index, num_points, "non-finite values"))
     return ys
-
-
-# -- a model's flows -------------------------------------------------------------------------------------
-
-
-class _EvalCache(NamedTuple):
-    key: tuple  # parameter versions, update counters, train()/eval() generations
-    epochs: tuple  # the flows' _epoch counters when solved
-    layout: tuple  # per flow: rows, bias shape, dtype, device
-    y0: List[Tensor]  # per flow (k, d): b(0) it was solved from
-    delta: List[Tensor]  # per flow (P, k, d): Δb(t_i)
-
-
-class FloaterPositions:
-    """A model's flows, each with the projections whose biases it drives, solved and cached together.
-
-    ``biases(flow, n)`` returns that flow's Δb (n, k, d). Inside ``forward_pass(n)`` (one model forward,
-    n = its longest sequence) the first request solves every flow, or takes them from a cache, and the
-    other requests reuse that result; outside, every request does the same on its own. Two caches: the
-    training one (``update_every`` > 1; kept by the flows, saved with them) and the eval one (here); eval
-    never touches the training cache. A plain object, not a module: the flows and projections stay where
-    they are in the module tree (parameter names).
-    """
-
-    def __init__(self):
-        self.members: List[Tuple[FloaterFlow, List[nn.Module]]] = []
-        self._eval_cache: Optional[_EvalCache] = None
-        self._pass_depth = 0
-        self._pass_length = 0
-        self._pass_result: Optional[List[Tensor]] = None
-        self._pending: Optional[SharedSolve] = None  # the update's shared solve (--floater-shared-solve)
-
-    def add(self, flow: FloaterFlow, projections: Sequence[nn.Module]):
-        lead = self.members[0][0] if self.members else flow
-        if (flow.settings, flow.latent) != (lead.settings, lead.latent):
-            raise ValueError("flows solved together must share their solver settings")
-        self.members.append((flow, projections))  # the caller's list: a scheme attaches its projections later
-        self._eval_cache = None
-
-    @classmethod
-    def joined(cls, *groups: "FloaterPositions") -> "FloaterPositions":
-        joint = cls()
-        for group in groups:
-            for flow, projections in group.members:
-                joint.add(flow, projections)
-        return joint
-
-    @property
-    def flows(self) -> List[FloaterFlow]:
-        return [flow for flow, _ in self.members]
-
-    @contextmanager
-    def forward_pass(self, num_positions: int):
-        """One forward: every flow solved once, for at least num_positions positions (nested passes join)."""
-        self._pass_depth += 1
-        if self._pass_depth == 1:
-            self._pass_length, self._pass_result = int(num_positions), None
-        try:
-            yield self
-        finally:
-            self._pass_depth -= 1
-            if self._pass_depth == 0:
-                self._pass_length, self._pass_result = 0, None
-
-    def biases(self, flow: FloaterFlow, num_positions: int) -> Tensor:
-        """Δb of ``flow`` for the first num_positions grid points, (num_positions, k, d)."""
-        num_positions = max(int(num_positions), 1)
-        index = next(i for i, (member, _) in enumerate(self.members) if member is flow)
-        if self._pass_depth == 0:
-            return self._deltas(num_positions)[index][:num_positions]
-        result = self._pass_result
-        if result is None or result[index].size(0) < num_positions:
-            result = self._pass_result = self._deltas(max(num_positions, self._pass_length))
-        return result[index][:num_positions]
-
-    def invalidate_cache(self):
-        for flow in self.flows:
-            flow.invalidate_cache()
-
-    # -- solving and caching -------------------------------------------------------------------------
-    def _deltas(self, num_positions: int) -> List[Tensor]:
-        lead = self.members[0][0]
-        if lead.training:
-            return self._train_deltas(num_positions)
-        return self._eval_deltas(num_positions)
-
-    def _train_deltas(self, num_positions: int) -> List[Tensor]:
-        flows = self.flows
-        lead = flows[0]
-        every = lead.settings.update_every
-        caches = self._train_caches() if every > 1 else None
-        if caches is None or lead._num_updates % every == 0:
-            for flow in flows:
-                flow.resume_theta()
-            b0 = self.initial_values()
-            if self._shares():
-                delta, solved = self._shared_deltas(b0, num_positions)
-            else:
-                ys, solved = solve_checked(flows, b0, num_positions), True  # exact gradient to θ and b(0)
-                delta = [y - b.to(y.dtype) for y, b in zip(ys, b0)]
-            if every > 1:
-                if solved:
-                    caches = [_TrainCache(b.detach().clone(), _frozen_copy(flow.dynamics)) for flow, b in zip(flows, b0)]
-                else:  # a later micro-batch of the update's shared solve: the cache its first one made
-                    caches = self._train_caches()
-                self._canonical(caches, num_positions)  # now: the cached updates then do no solver work
-            return delta
-        whole = lead.settings.cache_whole_bias
-        for flow, projections in self.members:
-            flow.pause_theta([proj.bias for proj in projections] if whole else ())
-        delta = self._canonical(caches, num_positions)
-        if whole:  # the re-solve's b(0) in place of today's, which the projection adds (paused: no gradient)
-            b0 = [b.detach() for b in self.initial_values()]
-            delta = [(c.y0.to(d.dtype) - b.to(d.dtype)) + d for c, b, d in zip(caches, b0, delta)]
-        return delta
-
-    def _shares(self) -> bool:
-        """This forward joins the update's shared solve (``--floater-shared-solve``, gradients on)."""
-        return self.members[0][0].settings.shared_solve and torch.is_grad_enabled()
-
-    def _shared_deltas(self, b0: List[Tensor], num_positions: int) -> Tuple[List[Tensor], bool]:
-        """Δb from the update's shared solve (``shared_solve.py``): solved by its first forward, extended from its
-        last row for a longer micro-batch; (Δb, whether a solve from position 0 ran)."""
-        flows, lead = self.flows, self.members[0][0]
-        pending = self._pending = check_pending(self._pending, lead._num_updates)
-        solved = pending is None
-        if solved:
-            pending = self._pending = SharedSolve(lead._num_updates, [f.dynamics.parameters() for f in flows],
-                                                  [q.bias for _, projections in self.members for q in projections])
-            ys = solve_checked(flows, b0, num_positions)
-            pending.add([y - b.to(y.dtype) for y, b in zip(ys, b0)])
-        elif pending.rows < num_positions:
-            have = pending.rows
-            last = [b.to(d.dtype) + d for b, d in zip(b0, pending.last_rows())]  # b(t_{have−1}), with its graph
-            more = solve_checked(flows, last, num_positions - have + 1, first_index=have - 1)
-            pending.add([m[1:] - b.to(m.dtype) for m, b in zip(more, b0)])
-        return pending.deltas(num_positions), solved
-
-    def complete_gradients(self):
-        """After the last micro-batch's backward of an update: θ's and b(0)'s gradient through the shared solve
-        (``SharedSolve.complete``); nothing without one pending."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.complete()
-
-    def _canonical(self, caches: List[_TrainCache], num_positions: int) -> List[Tensor]:
-        """The cached Δb (at least num_positions rows), without gradient, from the re-solve's b(0) and θ alone:
-        solved for MIN_CACHE positions, then doubled by integrating from the last row as longer batches need.
-        The same rows whatever the lengths of the batches before, so a resumed run, or another process that
-        saw other batches, reuses exactly the same biases. Stored in the flows' ``train_cache``."""
-        flows = self.flows
-        delta = [c.delta for c in caches]
-        if delta[0] is None:
-            with torch.no_grad():
-                ys = solve_checked(flows, [c.y0 for c in caches], MIN_CACHE, dynamics=[c.dynamics for c in caches])
-            delta = [y - c.y0.to(y.dtype) for y, c in zip(ys, caches)]
-        while delta[0].size(0) < num_positions:
-            delta = self._extended([c.y0 for c in caches], delta, 2 * delta[0].size(0),
-                                   [c.dynamics for c in caches])
-        if delta[0] is not caches[0].delta:
-            for flow, cache, d in zip(flows, caches, delta):
-                flow.train_cache = cache._replace(delta=d)
-        return delta
-
-    def _train_caches(self) -> Optional[List[_TrainCache]]:
-        """The flows' training caches, on the biases' device and dtype; None unless every flow has one."""
-        caches = []
-        for flow, projections in self.members:
-            cache, bias = flow.train_cache, projections[0].bias
-            if cache is None or cache.y0.shape != (len(projections), bias.size(0)):
-                return None
-            if cache.y0.device != bias.device or cache.y0.dtype != bias.dtype:
-                cache = flow.train_cache = cache.to(bias)
-            caches.append(cache)
-        return caches
-
-    def _eval_deltas(self, num_positions: int) -> List[Tensor]:
-        cache, key = self._eval_cache, self._key()
-        if (cache is None or cache.epochs != self._epochs() or cache.layout != self._layout()
-                or cache.key != key):
-            with torch.no_grad():
-                b0 = self.initial_values()
-                ys = solve_checked(self.flows, b0, cache_size(num_positions))
-            cache = self._eval_cache = _EvalCache(key, self._epochs(), self._layout(), b0,
-                                                  [y - b.to(y.dtype) for y, b in zip(ys, b0)])
-        delta = self._extended(cache.y0, cache.delta, num_positions)
-        if delta is not cache.delta:
-            self._eval_cache = cache._replace(delta=delta)
-        return delta
-
-    @torch.no_grad()
-    def _extended(self, y0: List[Tensor], delta: List[Tensor], num_positions: int,
-                  dynamics: Optional[List[FloaterDynamics]] = None) -> List[Tensor]:
-        """delta extended to at least num_positions rows (a power of two) by integrating from its last row."""
-        have = delta[0].size(0)
-        if have >= num_positions:
-            return delta
-        want = cache_size(max(num_positions, 2 * have))
-        last = [b.to(d.dtype) + d[-1] for b, d in zip(y0, delta)]  # b(t_{have−1}), in the solve's dtype
-        more = solve_checked(self.flows, last, want - have + 1, first_index=have - 1, dynamics=dynamics)
-        return [torch.cat([d, m[1:] - b.to(m.dtype)]) for d, m, b in zip(delta, more, y0)]
-
-    def initial_values(self) -> List[Tensor]:
-        """Per flow (k, d): b(0) of every projection it drives (the solve's initial state)."""
-        return [torch.stack([p.bias for p in projections]) for _, projections in self.members]
-
-    def _layout(self) -> tuple:
-        return tuple((len(projections), projections[0].bias.shape, projections[0].bias.dtype,
-                      projections[0].bias.device) for _, projections in self.members)
-
-    def _epochs(self) -> tuple:
-        return tuple(flow._epoch for flow in self.flows)
-
-    def _key(self) -> tuple:
-        key = []
-        for flow, projections in self.members:
-            h = flow.dynamics  # its four parameters, read directly (parameters() walks the module tree)
-            tensors = [q.bias for q in projections] + [h.fc1.weight, h.fc1.bias, h.fc2.weight, h.fc2.bias]
-            key += [flow._generation, flow._num_updates] + [(p.data_ptr(), p._version) for p in tensors]
-        return tuple(key)
 
 
 def cache_size(n: int) -> int:
