@@ -1,6 +1,7 @@
 """The plugins' command-line flags: each parsed and checked by its own function, so that a bad value is one line
-(``OneLineFlag``), and a flag that is valid alone but wrong for the model is one line too (``FlagError``, raised
-while the model is built). ``Flag`` is one flag as a position scheme declares it (``modules/position_scheme.py``).
+(``OneLineFlag``); a value that came without the parser is checked by the same function (``Flag.check``),
+and a flag that is valid alone but wrong for the model is one line too (``FlagError``, raised while the model is
+built). ``Flag`` is one flag as a position scheme declares it (``modules/position_scheme.py``).
 """
 import argparse
 from dataclasses import dataclass
@@ -26,6 +27,18 @@ class Flag:
     @property
     def dest(self):
         return self.flag.lstrip("-").replace("-", "_")
+
+    def check(self, value):
+        """A value set without the parser (``--model-overrides`` on a checkpoint's arguments, a Hydra config): the
+        parser's own check (``parse``) of its text, FlagError naming the flag; None is a flag not given."""
+        if value is None:
+            return
+        try:
+            parsed = self.parse(str(value))
+        except ValueError as err:
+            raise FlagError(f"{self.flag} {err}") from None
+        if parsed != value or isinstance(parsed, bool) != isinstance(value, bool):  # "0.1" for 0.1, 1 for True
+            raise FlagError(f"{self.flag} must be a {type(parsed).__name__}, got {value!r}")
 
     def add_to(self, parser):
         if self.switch:  # default None, as every scheme flag's: the scheme's ``defaults`` fills it in

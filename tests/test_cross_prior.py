@@ -253,12 +253,14 @@ def test_a_flag_that_would_do_nothing_is_refused_in_one_line(argv, message):
 
 
 def test_values_set_unparsed_are_checked():
-    """--model-overrides sets a checkpoint's arguments without the parser: the prior's validate says it in one line."""
+    """--model-overrides sets a checkpoint's arguments without the parser: each flag's own parse function checks the
+    value (Flag.check) and says it in one line."""
     args = parse("--arch", ARCH)
     PositionTransformerModel.prepare_args(args)
-    for name, value, message in (("cross_prior_ratio", -1.0, "--cross-prior-ratio must be a number > 0, got -1.0"),
-                                 ("cross_prior_slopes", "free", "--cross-prior-slopes must be one of fixed, learned, "
-                                                                "got 'free'"),
+    for name, value, message in (("cross_prior_ratio", -1.0, "--cross-prior-ratio must be > 0, got -1.0"),
+                                 ("cross_prior_ratio", "2", "--cross-prior-ratio must be a float, got '2'"),
+                                 ("cross_prior_slopes", "free", "--cross-prior-slopes invalid choice: 'free' (choose "
+                                                                "from fixed, learned)"),
                                  ("cross_position_prior", "wavy", "--cross-position-prior must be one of none, "
                                                                   "alibi_sync (got 'wavy')")):
         bad = parse("--arch", ARCH)

@@ -191,5 +191,5 @@ def test_learned_pos_flags_as_transformer_every_layer_pos_took_them():
     with pytest.raises(FlagError, match=r"^--learned-pos is an every_layer flag, and this model's position schemes "
                                         r"are rope \(encoder\) and rope \(decoder\): it would do nothing$"):
         tiny_models.build("rope_transformer_tiny", learned_pos=True)
-    with pytest.raises(FlagError, match=r"^--learned-pos must be True or False \(got 'yes'\)$"):  # --model-overrides
+    with pytest.raises(FlagError, match=r"^--learned-pos expected True or False, got 'yes'$"):  # --model-overrides
         build(learned_pos="yes")

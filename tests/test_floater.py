@@ -461,12 +461,13 @@ def test_flags_in_help_and_defaults(capsys):
 
 @pytest.mark.parametrize("setting,message", [
     (dict(floater_dt=0.0), "--floater-dt must be"),
-    (dict(floater_method="leapfrog"), "--floater-method must be one of"),
+    (dict(floater_method="leapfrog"), "--floater-method invalid choice: 'leapfrog'"),
+    (dict(floater_update_every=2.0), "--floater-update-every expected an integer, got '2.0'"),
     (dict(floater_update_every=0), "--floater-update-every must be"),
     (dict(floater_hidden=0), "--floater-hidden must be"),
-    (dict(floater_layers="most"), "--floater-layers must be"),
+    (dict(floater_layers="most"), "--floater-layers invalid choice: 'most'"),
     (dict(floater_cache_whole_bias=True), "--floater-cache-whole-bias needs --floater-update-every N > 1"),
-    (dict(floater_flow_init="normal"), "--floater-flow-init must be 'zero' or 'xavier'"),
+    (dict(floater_flow_init="normal"), r"--floater-flow-init invalid choice: 'normal' \(choose from zero, xavier\)"),
     (dict(cross_self_attention=True), "does not support --cross-self-attention"),
 ])
 def test_bad_settings_rejected_at_build(setting, message):

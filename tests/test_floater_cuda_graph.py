@@ -359,12 +359,12 @@ def _first_non_finite_row(flows, initial, points):
 
 
 def test_graphs_refused_on_rocm(monkeypatch):
-    from fairseq_plugins.modules.floater import FloaterSettings
+    from helpers.tiny_models import build
 
     monkeypatch.setattr(torch.version, "hip", "6.2.0")
     with pytest.raises(ValueError, match="--floater-cuda-graph is not supported on ROCm"):
-        FloaterSettings(cuda_graph=True)
-    FloaterSettings(cuda_graph=False)
+        build("floater_transformer_tiny", floater_cuda_graph=True)
+    build("floater_transformer_tiny", floater_cuda_graph=False)
 
 
 # -- fairseq's Trainer: the graph path's gradients are the loop's ---------------------------------------------

@@ -956,3 +956,23 @@ def test_no_config_carries_a_scheme_module_while_the_stacks_build(monkeypatch):
     # the decoder's cross-attention prior, handed over the same way
     assert type(model.decoder.cross_position_prior).__name__ == "AlibiSync"
     assert all(layer.encoder_attn.scheme is model.decoder.cross_position_prior for layer in model.decoder.layers)
+
+
+def _flag_cases():
+    from fairseq_plugins.schemes import SCHEMES
+
+    return [(s.arch(), flag) for s in SCHEMES.values() if s.cls is not None for flag in s.cls.flags]
+
+
+@pytest.mark.parametrize("arch,flag", _flag_cases(), ids=lambda x: getattr(x, "flag", x))
+def test_every_flag_set_without_the_parser_is_checked_by_its_own_parse(arch, flag):
+    """--model-overrides sets a checkpoint's arguments unparsed: each scheme flag's value is checked at build by the
+    function that parses it on the command line (Flag.check), one line naming the flag, whatever its scheme; the
+    schemes without a validate of their own (T5, SHAPE, CAPE, randomized, KERPLE, FIRE) took any value before."""
+    from fairseq_plugins.flags import FlagError
+
+    with pytest.raises(FlagError, match=f"^{flag.flag} ") as refused:
+        tiny_models.build(arch, **{flag.dest: "not-a-value"})
+    assert "\n" not in str(refused.value)
+    if flag.default is not None:  # the default itself passes its own check
+        tiny_models.build(arch, **{flag.dest: flag.default})

@@ -223,11 +223,6 @@ def test_k_zero_is_the_no_position_ablation():
     torch.testing.assert_close(m(x[perm], x[perm], x[perm])[0], out[perm], rtol=0, atol=1e-12)
 
 
-def test_negative_k_is_an_error():
-    with pytest.raises(ValueError, match=r"max_relative_positions must be >= 0 \(got -1\)"):
-        RelativeMultiheadAttention(EMBED, HEADS, -1)
-
-
 def test_left_padding_does_not_move_relative_positions():
     m = make_attention()
     x, _ = inputs(6, B=1)

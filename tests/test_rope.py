@@ -164,11 +164,10 @@ def test_a_bad_value_is_one_line(flags, message, capsys):
 
 
 @pytest.mark.parametrize("setting,message", [
-    ({"rope_scaling": "cubic"}, r"--rope-scaling must be one of none, linear, ntk, yarn \(got 'cubic'\)"),
-    ({"rope_scaling": "linear", "rope_scaling_factor": 0.0},
-     r"--rope-scaling-factor must be a number > 0 \(got 0.0\)"),
+    ({"rope_scaling": "cubic"}, r"--rope-scaling invalid choice: 'cubic' \(choose from none, linear, ntk, yarn\)"),
+    ({"rope_scaling": "linear", "rope_scaling_factor": 0.0}, r"--rope-scaling-factor must be > 0, got 0.0"),
     ({"rope_scaling": "linear", "rope_scaling_factor": "4"},  # an override's string: no parser turned it into 4.0
-     r"--rope-scaling-factor must be a number > 0 \(got '4'\)"),
+     r"--rope-scaling-factor must be a float, got '4'"),
     ({"rope_scaling": "linear"}, r"--rope-scaling linear needs --rope-scaling-factor S"),
     ({"rope_scaling": "yarn", "rope_scaling_factor": 2.0}, r"--rope-scaling yarn needs --rope-original-length L"),
     ({"rope_scaling_factor": 2.0}, r"--rope-scaling-factor does nothing without --rope-scaling linear, ntk or yarn"),

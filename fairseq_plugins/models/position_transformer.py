@@ -365,6 +365,7 @@ class PositionTransformerModel(PluginTransformerModel):
         prior = cross_prior(args)
         check_flags_act(args, encoder, decoder)
         for cls in dict.fromkeys((encoder.cls, decoder.cls, *((prior.cls,) if prior else ()))):
+            cls.check_values(args)
             cls.validate(args)
         if prior is not None and args.no_cross_attention:
             raise FlagError(f"--cross-position-prior {prior.name} needs cross-attention, and --no-cross-attention "

@@ -28,12 +28,11 @@ src_lengths (B,) = S, in dtype (float32, or float64 for a float64 model: never t
 ``positional_attention.PositionalCrossAttention`` adds it to fairseq's cross-attention logits.
 """
 
-import math
 
 import torch
 from torch import Tensor, nn
 
-from ..flags import Flag, FlagError, one_of, positive
+from ..flags import Flag, one_of, positive
 from .alibi import FixedSlopes, alibi_slopes
 from .position_scheme import PositionScheme
 
@@ -48,14 +47,6 @@ class AlibiSync(PositionScheme):
         Flag("--cross-prior-slopes", one_of(SLOPES), "KIND",
              "alibi_sync: the per-head slopes m_h, ALiBi's 2^(-8h/H): fixed (default) or learned from there", "fixed"),
     )
-
-    @classmethod
-    def validate(cls, args):
-        ratio = args.cross_prior_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio < math.inf:
-            raise FlagError(f"--cross-prior-ratio must be a number > 0, got {ratio!r}")
-        if args.cross_prior_slopes not in SLOPES:
-            raise FlagError(f"--cross-prior-slopes must be one of {', '.join(SLOPES)}, got {args.cross_prior_slopes!r}")
 
     @classmethod
     def build_cross(cls, cfg, heads):

@@ -22,7 +22,7 @@ forward) to the input of blocks 2..N; their blocks are fairseq's own, built and 
 their names, ``transformer_every_layer_pos[_wmt_en_de|_vaswani_wmt_en_de_big|_vaswani_wmt_en_fr_big|_tiny]``.
 """
 
-from ..flags import FlagError, Flag, boolean
+from ..flags import Flag, boolean
 from .position_scheme import PositionScheme
 
 
@@ -35,11 +35,6 @@ class EveryLayer(PositionScheme):
              "--max-source/target-positions rows; one per side, shared by the embedding and every block) instead "
              "of sinusoids; longer sentences are an error", False, switch=True),
     )
-
-    @classmethod
-    def validate(cls, args):
-        if not isinstance(args.learned_pos, bool):
-            raise FlagError(f"--learned-pos must be True or False (got {args.learned_pos!r})")
 
     @classmethod
     def learned_table(cls, learned_pos):

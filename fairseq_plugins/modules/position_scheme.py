@@ -15,8 +15,9 @@ decoder's cross-attention). Module hooks: ``rotate``, ``score_bias`` (H, T, S), 
 ``owns_product``), ``layer_parameters``, the projection biases (``projects``: ``attach``, ``join``, ``batch``,
 ``prepare``, ``project``, ``check_decoding_step``, ``complete_gradients``), ``cross_bias`` (B, H, T, S). Class attributes: ``embedding``,
 ``every_block``, ``absolute_positions`` (the hooks read positions themselves: per sentence, (B, T)),
-``size_defaults``, ``flags`` (added by ``add_args``, filled in by ``defaults``, checked by ``validate``; refused
-in one line on a model that does not use the scheme), and ``title``/``equation`` (how figures name the scheme and
+``size_defaults``, ``flags`` (added by ``add_args``, filled in by ``defaults``, each value checked by its parser,
+``check_values`` where it came unparsed, their combinations by ``validate``; refused in one line on a model that
+does not use the scheme), and ``title``/``equation`` (how figures name the scheme and
 its term in e_ij: scripts/plot_positions.py). Each hook's arguments, shapes and defaults:
 docs/position_schemes.md, "The contract, hook by hook".
 
@@ -59,9 +60,16 @@ class PositionScheme(nn.Module):
                 setattr(args, flag.dest, flag.default)
 
     @classmethod
+    def check_values(cls, args):
+        """Its flags' values that the parser could not see (``--model-overrides`` sets them on a checkpoint's
+        arguments unparsed), each checked by its flag's own parse function (``Flag.check``)."""
+        for flag in cls.flags:
+            flag.check(getattr(args, flag.dest, None))
+
+    @classmethod
     def validate(cls, args):
-        """FlagError (one line) for its own flags' values that the parser could not see (``--model-overrides``
-        sets them on a checkpoint's arguments unparsed) or that contradict each other."""
+        """FlagError (one line) for flags that are valid alone but contradict each other or the model (each value
+        alone is ``check_values``')."""
 
     # -- building a stack -----------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ..flags import Flag, FlagError, boolean
+from ..flags import Flag, boolean
 from .position_scheme import PositionScheme
 from .positional_attention import PositionalSelfAttention
 
@@ -286,15 +286,6 @@ class ShawRelative(PositionScheme):
     }
 
     @classmethod
-    def validate(cls, args):
-        k = args.max_relative_positions
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise FlagError(f"--max-relative-positions must be an integer >= 0 (got {k!r})")
-        for flag in cls.flags[1:]:
-            if not isinstance(getattr(args, flag.dest), bool):
-                raise FlagError(f"{flag.flag} must be True or False (got {getattr(args, flag.dest)!r})")
-
-    @classmethod
     def embeds(cls, args):
         return args.relative_add_absolute_positions
 
@@ -314,8 +305,6 @@ class ShawRelative(PositionScheme):
     def __init__(self, num_heads: int, head_dim: int, max_relative_positions: int, relative_keys: bool = True,
                  relative_values: bool = True, per_head: bool = True):
         super().__init__()
-        if max_relative_positions < 0:
-            raise ValueError(f"max_relative_positions must be >= 0 (got {max_relative_positions})")
         self.num_heads, self.head_dim = num_heads, head_dim
         self.max_relative_positions, self.per_head = max_relative_positions, per_head
         self.relative_keys, self.relative_values = relative_keys, relative_values

@@ -56,12 +56,6 @@ class RoPE(PositionScheme):
     @classmethod
     def validate(cls, args):
         kind, factor, length = args.rope_scaling, args.rope_scaling_factor, args.rope_original_length
-        if kind not in SCALINGS:
-            raise FlagError(f"--rope-scaling must be one of {', '.join(SCALINGS)} (got {kind!r})")
-        for flag, value in (("--rope-scaling-factor", factor), ("--rope-original-length", length)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not 0 < value < float("inf")):
-                raise FlagError(f"{flag} must be a number > 0 (got {value!r})")
         if kind == "none" and factor is not None:
             raise FlagError("--rope-scaling-factor does nothing without --rope-scaling linear, ntk or yarn")
         if kind != "none" and factor is None:

@@ -52,7 +52,7 @@ from torch import Tensor
 from ...flags import Flag, FlagError, boolean, one_of, positive
 from ..position_scheme import PositionScheme
 from .attention import Bindings, biased_projection, position_bindings, rows_from_padding_mask, step_bindings, token_rows
-from .dynamics import DEFAULT_SETTINGS, FLOW_INITS, SOLVER_NAMES, FloaterSettings, FloaterSolverError
+from .dynamics import DEFAULT_SETTINGS, FIXED_GRID_SOLVERS, FLOW_INITS, SOLVER_NAMES, FloaterSettings, FloaterSolverError
 from .flows import FloaterFlow, cache_size, describe_overflow
 from .positions import FloaterPositions
 
@@ -122,22 +122,25 @@ class Floater(PositionScheme):
 
     @classmethod
     def validate(cls, args):
-        try:
-            FloaterSettings.from_args(args)
-        except ValueError as err:
-            raise FlagError(str(err)) from None
-        hidden = args.floater_hidden
-        if hidden is not None and not (isinstance(hidden, int) and hidden >= 1):
-            raise FlagError(f"--floater-hidden must be an integer >= 1, got {hidden!r}")
-        if args.floater_layers not in LAYERS:
-            raise FlagError(f"--floater-layers must be 'all' or 'input', got {args.floater_layers!r}")
+        """The flags that contradict each other or the machine (each value alone: ``check_values``)."""
+        if args.floater_cache_whole_bias and args.floater_update_every == 1:
+            raise FlagError("--floater-cache-whole-bias needs --floater-update-every N > 1 (with N = 1 no update "
+                            "reuses cached biases)")
+        if args.floater_shared_solve and args.floater_method not in FIXED_GRID_SOLVERS:
+            # an adaptive solver's steps over the longest micro-batch's interval are not a shorter one's
+            raise FlagError(f"--floater-shared-solve needs a fixed-grid --floater-method (rk4, euler, midpoint, ...), "
+                            f"got the adaptive {args.floater_method}: its values at a position depend on the interval "
+                            "solved")
         if args.floater_shared_solve and (getattr(args, "ddp_backend", None) in ("fully_sharded", "slowmo")
                                           or getattr(args, "use_bmuf", False)):
             backend = "--use-bmuf" if getattr(args, "use_bmuf", False) else f"--ddp-backend {args.ddp_backend}"
             raise FlagError(f"--floater-shared-solve supports one process, --ddp-backend pytorch_ddp and legacy_ddp, "
                             f"not {backend}: its gradient is averaged over the processes as those two average")
-        if args.floater_flow_init not in FLOW_INITS:
-            raise FlagError(f"--floater-flow-init must be 'zero' or 'xavier', got {args.floater_flow_init!r}")
+        if args.floater_cuda_graph and torch.version.hip is not None:
+            # HIP invalidates a capture when another thread (NCCL's watchdog) queries an event, even in the
+            # thread-local capture mode that makes this safe on CUDA (cuda_graph.py)
+            raise FlagError("--floater-cuda-graph is not supported on ROCm (another thread's event query breaks "
+                            "the capture); train without it")
 
     @classmethod
     def build(cls, cfg, heads, head_dim, causal):
