@@ -65,52 +65,55 @@ def build_flow(cfg, dim):
                        init=getattr(cfg, "floater_flow_init", None) or "zero")
 
 
+FLAGS = (  # Floater.flags
+    Flag("--floater-dt", positive(float), "D", f"grid spacing Δ: position i is time t_i = i·Δ (default {_D.dt}, "
+         "the paper's Appendix B; the authors' code used 0.01)", _D.dt),
+    Flag("--floater-method", one_of(SOLVER_NAMES), "SOLVER", f"torchdiffeq solver (default {_D.method} with 5 "
+         "steps per Δ, the paper's RK4 at Δ/5; fixed-grid solvers take the same Δ/5 steps, adaptive ones "
+         "(dopri5, ...) use --floater-rtol/--floater-atol). One of: " + ", ".join(SOLVER_NAMES), _D.method),
+    Flag("--floater-rtol", positive(float), "R", f"relative tolerance of adaptive solvers (default {_D.rtol})",
+         _D.rtol),
+    Flag("--floater-atol", positive(float), "A", f"absolute tolerance of adaptive solvers (default {_D.atol})",
+         _D.atol),
+    Flag("--floater-adjoint", boolean, None, "back-propagate through the ODE with torchdiffeq's adjoint method "
+         "(odeint_adjoint: less memory, one more solve backwards)", _D.adjoint, switch=True),
+    Flag("--floater-hidden", positive(int), "H", "hidden width of the dynamics MLP h (default: the embedding "
+         "dimension d)"),
+    Flag("--floater-update-every", positive(int), "N", f"re-solve the ODE with gradient every N updates "
+         f"(default {_D.update_every}: exact gradient every update); in between, cached biases are reused "
+         "detached: b(0) still gets its gradient, the flow θ none (the paper's §4.4 cost trick)",
+         _D.update_every),
+    Flag("--floater-cache-whole-bias", boolean, None, "with --floater-update-every N > 1, the updates in "
+         "between reuse the whole bias b(0) + Δb of the last re-solve, detached, so b(0) too learns at the "
+         "re-solves only, as in the authors' code (default: only Δb is reused and b(0) learns every update)",
+         _D.cache_whole_bias, switch=True),
+    Flag("--floater-flow-init", one_of(FLOW_INITS), "{zero,xavier}", "initial output layer W2 of a new flow: "
+         "zero (default: h ≡ 0, a new model is the sinusoidal Transformer) or xavier (Xavier-normal, as in the "
+         "authors' code)", "zero"),
+    Flag("--floater-cuda-graph", boolean, None, "on CUDA, replay the default solve (rk4) of training forwards "
+         "from captured CUDA graphs (one per bucket of lengths) instead of launching it step by step. Opt-in: "
+         "verified on CPU by emulating CUDA graphs' buffer semantics, and on an H100 and an H200: gradients "
+         "equal to the loop's (1e-7), update 2.1-5.2x the Transformer's against 3.9-11.3x without (H100), "
+         "memory over its modelled bound (results/gpu_check/gpu_check_notes.md)", _D.cuda_graph, switch=True,
+         off="--floater-no-cuda-graph", off_help="the default (step by step); accepted for command lines "
+         "written when graphs were on by default"),
+    Flag("--floater-shared-solve", boolean, None, "one ODE solve per update, shared by its --update-freq "
+         "micro-batches, with one backward through it after the last one: the same gradient, N times fewer "
+         "solves. Opt-in: verified on CPU (gradients equal to a solve per micro-batch in fp32, amp and fp16; "
+         "one process, pytorch_ddp and legacy_ddp), not yet on a GPU. fairseq-train completes the gradient in "
+         "the model's all_reduce_grads(); a training loop of your own must call it before each optimizer step",
+         _D.shared_solve, switch=True),
+    Flag("--floater-layers", one_of(LAYERS), "{all,input}", "blocks whose q/k/v biases follow the flow: all "
+         "(default) or input (the first block only; the others keep ordinary constant biases)", "all"),
+)
+
+
 class Floater(PositionScheme):
     """FLOATER (Liu et al., ICML 2020): q/k/v biases that follow a learned ODE along positions."""
 
     embedding = "sinusoidal"
     projects = True
-    flags = (
-        Flag("--floater-dt", positive(float), "D", f"grid spacing Δ: position i is time t_i = i·Δ (default {_D.dt}, "
-             "the paper's Appendix B; the authors' code used 0.01)", _D.dt),
-        Flag("--floater-method", one_of(SOLVER_NAMES), "SOLVER", f"torchdiffeq solver (default {_D.method} with 5 "
-             "steps per Δ, the paper's RK4 at Δ/5; fixed-grid solvers take the same Δ/5 steps, adaptive ones "
-             "(dopri5, ...) use --floater-rtol/--floater-atol). One of: " + ", ".join(SOLVER_NAMES), _D.method),
-        Flag("--floater-rtol", positive(float), "R", f"relative tolerance of adaptive solvers (default {_D.rtol})",
-             _D.rtol),
-        Flag("--floater-atol", positive(float), "A", f"absolute tolerance of adaptive solvers (default {_D.atol})",
-             _D.atol),
-        Flag("--floater-adjoint", boolean, None, "back-propagate through the ODE with torchdiffeq's adjoint method "
-             "(odeint_adjoint: less memory, one more solve backwards)", _D.adjoint, switch=True),
-        Flag("--floater-hidden", positive(int), "H", "hidden width of the dynamics MLP h (default: the embedding "
-             "dimension d)"),
-        Flag("--floater-update-every", positive(int), "N", f"re-solve the ODE with gradient every N updates "
-             f"(default {_D.update_every}: exact gradient every update); in between, cached biases are reused "
-             "detached: b(0) still gets its gradient, the flow θ none (the paper's §4.4 cost trick)",
-             _D.update_every),
-        Flag("--floater-cache-whole-bias", boolean, None, "with --floater-update-every N > 1, the updates in "
-             "between reuse the whole bias b(0) + Δb of the last re-solve, detached, so b(0) too learns at the "
-             "re-solves only, as in the authors' code (default: only Δb is reused and b(0) learns every update)",
-             _D.cache_whole_bias, switch=True),
-        Flag("--floater-flow-init", one_of(FLOW_INITS), "{zero,xavier}", "initial output layer W2 of a new flow: "
-             "zero (default: h ≡ 0, a new model is the sinusoidal Transformer) or xavier (Xavier-normal, as in the "
-             "authors' code)", "zero"),
-        Flag("--floater-cuda-graph", boolean, None, "on CUDA, replay the default solve (rk4) of training forwards "
-             "from captured CUDA graphs (one per bucket of lengths) instead of launching it step by step. Opt-in: "
-             "verified on CPU by emulating CUDA graphs' buffer semantics, and on an H100 and an H200: gradients "
-             "equal to the loop's (1e-7), update 2.1-5.2x the Transformer's against 3.9-11.3x without (H100), "
-             "memory over its modelled bound (results/gpu_check/gpu_check_notes.md)", _D.cuda_graph, switch=True,
-             off="--floater-no-cuda-graph", off_help="the default (step by step); accepted for command lines "
-             "written when graphs were on by default"),
-        Flag("--floater-shared-solve", boolean, None, "one ODE solve per update, shared by its --update-freq "
-             "micro-batches, with one backward through it after the last one: the same gradient, N times fewer "
-             "solves. Opt-in: verified on CPU (gradients equal to a solve per micro-batch in fp32, amp and fp16; "
-             "one process, pytorch_ddp and legacy_ddp), not yet on a GPU. fairseq-train completes the gradient in "
-             "the model's all_reduce_grads(); a training loop of your own must call it before each optimizer step",
-             _D.shared_solve, switch=True),
-        Flag("--floater-layers", one_of(LAYERS), "{all,input}", "blocks whose q/k/v biases follow the flow: all "
-             "(default) or input (the first block only; the others keep ordinary constant biases)", "all"),
-    )
+    flags = FLAGS
 
     @classmethod
     def defaults(cls, args):
@@ -236,7 +239,7 @@ class Floater(PositionScheme):
         cross = self.cross_flow is not None and encoder_out is not None and len(encoder_out["encoder_out"]) > 0
         src_len = encoder_out["encoder_out"][0].size(0) if cross else 0
         if incremental_state is not None:
-            saved = self._step_biases(stack, incremental_state, tgt_len, src_len)
+            saved = _step_biases(self, stack, incremental_state, tgt_len, src_len)
             bindings = step_bindings(self.projections, saved["biases"][tgt_len - 1])
             src_delta = saved.get("cross_delta")
         else:
@@ -254,37 +257,43 @@ class Floater(PositionScheme):
             bindings.update(position_bindings(self.cross_projections, src_delta, src_rows))
         return bindings
 
-    def _step_biases(self, stack, incremental_state, num_positions: int, src_len: int):
-        """For incremental decoding, kept in the incremental state: ``biases``, b(0) + Δb(t_i) of the target
-        flow's projections, (P, k, d) with P ≥ num_positions, and ``cross_delta``, the source flow's Δb for
-        the src_len source positions. Formed once per generation (the target table again each time a longer
-        output doubles it), so a step only picks its row. The parameters cannot change within one generation:
-        the cached keys and values of the earlier steps were computed from them too."""
-        saved = stack.get_incremental_state(incremental_state, "floater")
-        if saved is None or saved["biases"].size(0) < num_positions:
-            rows = cache_size(num_positions)
-            with self.positions.forward_pass(max(rows, src_len)) as positions:  # one solve, or none
-                delta = positions.biases(self.flow, rows)
-                b0 = torch.stack([proj.bias for proj in self.projections])
-                saved = {"biases": (b0.to(delta.dtype) + delta).to(b0.dtype)}  # one rounding
-                if src_len:
-                    saved["cross_delta"] = positions.biases(self.cross_flow, src_len)
-            stack.set_incremental_state(incremental_state, "floater", saved)
-        return saved
-
     def check_decoding_step(self, stack, features: Tensor, tokens: Tensor, encoder_out) -> None:
         """Non-finite decoder features stop the generation with ``FloaterSolverError``, one line naming the source
         or target position from which the position biases can overflow the attention and the flag that helps
         (else the beam search goes on with NaN scores and dies on one of fairseq's assertions). One host sync
         per step, where the beam search makes several; training and validation are not checked."""
-        if bool(torch.isfinite(features).all()):
-            return
-        lengths = {"target": tokens.size(1)}
-        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
-            lengths["source"] = encoder_out["encoder_out"][0].size(0)
-        # every flow of the model (the encoder's too: the stacks share their FloaterPositions), by the side it indexes
-        flows = [("target" if flow is self.flow else "source", flow) for flow, _ in self.positions.members]
-        flows = [(side, flow, lengths[side]) for side, flow in flows if side in lengths]
-        with self.positions.forward_pass(max(lengths.values())) as positions:
-            deltas = [(side, positions.biases(flow, n).detach()) for side, flow, n in flows]
-        raise FloaterSolverError(describe_overflow(deltas, lengths, features.dtype))
+        if not bool(torch.isfinite(features).all()):
+            raise FloaterSolverError(_overflow(self, tokens, encoder_out, features.dtype))
+
+
+def _step_biases(scheme: "Floater", stack, incremental_state, num_positions: int, src_len: int):
+    """For incremental decoding, kept in the incremental state: ``biases``, b(0) + Δb(t_i) of the target flow's
+    projections, (P, k, d) with P ≥ num_positions, and ``cross_delta``, the source flow's Δb for the src_len
+    source positions. Formed once per generation (the target table again each time a longer output doubles it),
+    so a step only picks its row. The parameters cannot change within one generation: the cached keys and values
+    of the earlier steps were computed from them too."""
+    saved = stack.get_incremental_state(incremental_state, "floater")
+    if saved is None or saved["biases"].size(0) < num_positions:
+        rows = cache_size(num_positions)
+        with scheme.positions.forward_pass(max(rows, src_len)) as positions:  # one solve, or none
+            delta = positions.biases(scheme.flow, rows)
+            b0 = torch.stack([proj.bias for proj in scheme.projections])
+            saved = {"biases": (b0.to(delta.dtype) + delta).to(b0.dtype)}  # one rounding
+            if src_len:
+                saved["cross_delta"] = positions.biases(scheme.cross_flow, src_len)
+        stack.set_incremental_state(incremental_state, "floater", saved)
+    return saved
+
+
+def _overflow(scheme: "Floater", tokens: Tensor, encoder_out, dtype: torch.dtype) -> str:
+    """Why a decoding step's features are not finite: the first source or target position from which the model's
+    position biases can overflow the attention in ``dtype`` (``describe_overflow``)."""
+    lengths = {"target": tokens.size(1)}
+    if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+        lengths["source"] = encoder_out["encoder_out"][0].size(0)
+    # every flow of the model (the encoder's too: the stacks share their FloaterPositions), by the side it indexes
+    flows = [("target" if flow is scheme.flow else "source", flow) for flow, _ in scheme.positions.members]
+    flows = [(side, flow, lengths[side]) for side, flow in flows if side in lengths]
+    with scheme.positions.forward_pass(max(lengths.values())) as positions:
+        deltas = [(side, positions.biases(flow, n).detach()) for side, flow, n in flows]
+    return describe_overflow(deltas, lengths, dtype)
