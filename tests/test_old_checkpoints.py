@@ -4,9 +4,10 @@ trained them did: their arguments resolve, T5's table comes from the checkpoint,
 was trained with (k ~ U{0..K} in training, k = 0 at evaluation) where a new run follows the authors' code.
 
 And checkpoints of every position scheme and model family of 9d4ae10's table (schemes/, remade by
-make_schemes.sh; schemes/manifest.json names the commit, each fixture's arch and flags) load with today's code
-under their registered architecture names, as fairseq-generate loads them, and compute and decode as that
-commit's code did (tests/helpers/old_checkpoints.py: the same procedure for both)."""
+make_schemes.sh; schemes/manifest.json names the commit, each fixture's arch and flags) and of c6f022b's, the code
+before each scheme family got a model class of its own (schemes_c6f022b/), load with today's code under their
+registered architecture names, as fairseq-generate loads them, and compute and decode as that commit's code did
+(tests/helpers/old_checkpoints.py: the same procedure for both)."""
 import json
 from pathlib import Path
 
@@ -19,9 +20,8 @@ from helpers.tiny_models import one_thread  # noqa: F401  (autouse fixture)
 
 HERE = Path(__file__).resolve().parent / "data" / "old_checkpoints"
 REFERENCE = torch.load(HERE / "reference.pt")
-SCHEMES_HERE = HERE / "schemes"
-MANIFEST = json.loads((SCHEMES_HERE / "manifest.json").read_text())
-SCHEMES_REFERENCE = torch.load(SCHEMES_HERE / "reference.pt")
+SETS = sorted(p.parent.name for p in HERE.glob("schemes*/manifest.json"))  # schemes (9d4ae10), schemes_c6f022b
+MANIFESTS = {s: json.loads((HERE / s / "manifest.json").read_text()) for s in SETS}
 
 
 def load(scheme):
@@ -73,24 +73,29 @@ def test_an_old_shape_checkpoint_saved_again_keeps_its_protocol():
 
 
 def test_every_scheme_of_the_fixtures_commit_has_a_checkpoint():
-    """The fixtures cover that commit's whole table (make_schemes.sh checks it too; this keeps a deleted file or
+    """The fixtures cover each commit's whole table (make_schemes.sh checks it too; this keeps a deleted file or
     row from going unnoticed)."""
-    assert set(MANIFEST["table"]) <= set(MANIFEST["fixtures"])
-    assert sorted(p.stem for p in SCHEMES_HERE.glob("*.pt") if p.stem != "reference") == sorted(MANIFEST["fixtures"])
+    assert SETS == ["schemes", "schemes_c6f022b"]
+    for name, manifest in MANIFESTS.items():
+        assert set(manifest["table"]) <= set(manifest["fixtures"]), name
+        assert sorted(p.stem for p in (HERE / name).glob("*.pt") if p.stem != "reference") == sorted(
+            manifest["fixtures"]), name
 
 
-@pytest.mark.parametrize("fixture", list(MANIFEST["fixtures"]))
-def test_a_checkpoint_of_every_scheme_computes_and_decodes_as_the_code_that_wrote_it(fixture):
+@pytest.mark.parametrize("fixtures,fixture", [(s, f) for s in SETS for f in MANIFESTS[s]["fixtures"]])
+def test_a_checkpoint_of_every_scheme_computes_and_decodes_as_the_code_that_wrote_it(fixtures, fixture):
     """Eval-mode log-probabilities within 1e-6 + 1e-6·|recorded| of the recorded ones (float32: a restructured
     attention may add the same terms in another order, and another CPU's kernels do, a few ulps at these
     magnitudes: 1.4e-6 on a log-probability of 7.0 and 1.9e-6 on a step score of 2.5 on an Intel Xeon, fixtures
     written on an AMD EPYC; a wrong parameter, flag or default moves them by 1e-3 and more), and fairseq's
     incremental greedy and beam-3 decoding: the same tokens, the same step scores."""
-    model, task = old_checkpoints.load(SCHEMES_HERE / f"{fixture}.pt", SCHEMES_HERE)
-    assert model.cfg.arch == MANIFEST["fixtures"][fixture]["arch"]  # loaded under the name it was saved with
-    torch.testing.assert_close(SCHEMES_REFERENCE["src"], old_checkpoints.SRC, rtol=0, atol=0)
-    torch.testing.assert_close(SCHEMES_REFERENCE["prev"], old_checkpoints.PREV, rtol=0, atol=0)
-    got, want = old_checkpoints.outputs(model, task), SCHEMES_REFERENCE[fixture]
+    here, manifest = HERE / fixtures, MANIFESTS[fixtures]
+    reference = torch.load(here / "reference.pt")
+    model, task = old_checkpoints.load(here / f"{fixture}.pt", here)
+    assert model.cfg.arch == manifest["fixtures"][fixture]["arch"]  # loaded under the name it was saved with
+    torch.testing.assert_close(reference["src"], old_checkpoints.SRC, rtol=0, atol=0)
+    torch.testing.assert_close(reference["prev"], old_checkpoints.PREV, rtol=0, atol=0)
+    got, want = old_checkpoints.outputs(model, task), reference[fixture]
     torch.testing.assert_close(got["eval"], want["eval"], rtol=1e-6, atol=1e-6,
                                msg=lambda m: f"eval-mode log-probabilities: {m}")
     for beam in old_checkpoints.BEAMS:

@@ -7,8 +7,9 @@
 # (make.sh's checkpoints are older, c442711, and check flags added since then.)
 #
 #   tests/data/old_checkpoints/make_schemes.sh [COMMIT]      # from the repository root, the venv on PATH
+#   OUT=schemes_a1b2c3d tests/data/old_checkpoints/make_schemes.sh a1b2c3d    # another commit's set beside it
 #
-# Writes schemes/: dict.en.txt, dict.de.txt (one joined dictionary), <fixture>.pt (fairseq-train, 3 updates of a
+# Writes schemes/ (or OUT/): dict.en.txt, dict.de.txt (one joined dictionary), <fixture>.pt (fairseq-train, 3 updates of a
 # 1+1-layer d = 16 model (2+2 where the table below says why) on make.sh's 48 sentence pairs, no optimizer
 # state; floater_warm.pt converted from sinusoidal.pt by scripts/transformer_to_floater.py), reference.pt (that
 # code's outputs, tests/helpers/old_checkpoints.py: eval-mode log-probabilities on one batch, greedy and beam-3
@@ -17,7 +18,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 COMMIT=$(git -C "$ROOT" rev-parse "${1:-9d4ae10}^{commit}")
-HERE=$ROOT/tests/data/old_checkpoints/schemes
+HERE=$ROOT/tests/data/old_checkpoints/${OUT:-schemes}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 git -C "$ROOT" archive "$COMMIT" fairseq_plugins scripts/transformer_to_floater.py scripts/tooling | tar -x -C "$WORK"
@@ -46,6 +47,12 @@ shaw         relative_transformer_tiny
 floater      floater_transformer_tiny          --floater-layers all --encoder-layers 2 --decoder-layers 2
 mixed        position_transformer              --encoder-position-scheme t5 --decoder-position-scheme rope
 "
+# the schemes added to the table after 9d4ae10, where the commit's table has them
+table=$(python -c 'from fairseq_plugins.schemes import SCHEMES; print(" ".join(SCHEMES))' 2> /dev/null || true)
+for row in "cape cape_transformer_tiny" "randomized randomized_transformer_tiny" \
+           "alibi_sync alibi_sync_transformer_tiny"; do
+  [[ " $table " == *" ${row%% *} "* ]] && FIXTURES+="$row"$'\n'
+done
 mkdir -p out
 while read -r name arch flags; do
   [ -n "$name" ] || continue
