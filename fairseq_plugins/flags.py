@@ -40,15 +40,20 @@ class Flag:
         if parsed != value or isinstance(parsed, bool) != isinstance(value, bool):  # "0.1" for 0.1, 1 for True
             raise FlagError(f"{self.flag} must be a {type(parsed).__name__}, got {value!r}")
 
-    def add_to(self, parser):
+    def add_to(self, parser, listed: bool = True):
+        """``listed``: shown by --help (a flag of another scheme than the architecture's is accepted, unlisted)."""
+        show = (lambda text: text) if listed else (lambda text: argparse.SUPPRESS)
         if self.switch:  # default None, as every scheme flag's: the scheme's ``defaults`` fills it in
-            group = parser.add_mutually_exclusive_group() if self.off else parser
-            group.add_argument(self.flag, action="store_true", default=None, help=self.help)
+            # argparse cannot format the usage of a mutually exclusive group with unlisted members: unlisted, the
+            # pair is plain (the model then refuses any value of it but the default, check_flags_act)
+            group = parser.add_mutually_exclusive_group() if self.off and listed else parser
+            group.add_argument(self.flag, action="store_true", default=None, help=show(self.help))
             if self.off:
-                group.add_argument(self.off, dest=self.dest, action="store_false", default=None, help=self.off_help)
+                group.add_argument(self.off, dest=self.dest, action="store_false", default=None,
+                                   help=show(self.off_help))
         else:
             parser.add_argument(self.flag, action=OneLineFlag, parse=self.parse, metavar=self.metavar,
-                                help=self.help)
+                                help=show(self.help))
 
 
 class OneLineFlag(argparse.Action):

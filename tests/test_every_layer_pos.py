@@ -125,15 +125,16 @@ def test_learned_variant_rejects_sentences_longer_than_its_table():
 
 def test_archs_are_position_transformers_with_fairseq_dims_and_flag_in_help(capsys):
     """The five architecture names of the model this scheme once had are position_transformer's, with fairseq's
-    dims at each size; ``transformer_every_layer_pos`` is no model of its own any more."""
-    assert "transformer_every_layer_pos" not in MODEL_REGISTRY
+    dims at each size; the model ``transformer_every_layer_pos`` is position_transformer with --help listing this
+    scheme's flags (fairseq_plugins/models/position_transformer.py, _family_model)."""
+    assert MODEL_REGISTRY["transformer_every_layer_pos"].__bases__ == (PositionTransformerModel,)
     for suffix in SIZES.values():
         ours, theirs = argparse.Namespace(), argparse.Namespace()
         ARCH_CONFIG_REGISTRY["transformer_every_layer_pos" + suffix](ours)
         ARCH_CONFIG_REGISTRY["transformer" + suffix](theirs)
         assert vars(ours).items() >= vars(theirs).items(), suffix
         assert (ours.position_scheme, ours.learned_pos) == ("every_layer", False)
-        assert ARCH_MODEL_REGISTRY["transformer_every_layer_pos" + suffix] is PositionTransformerModel
+        assert issubclass(ARCH_MODEL_REGISTRY["transformer_every_layer_pos" + suffix], PositionTransformerModel)
     argv = ["data-bin", "--user-dir", "fairseq_plugins", "--arch", "transformer_every_layer_pos_tiny"]
     assert options.parse_args_and_arch(options.get_training_parser(), input_args=argv + ["--learned-pos"]).learned_pos
     with pytest.raises(SystemExit):

@@ -19,7 +19,9 @@
 """
 import argparse
 import contextlib
+import io
 import math
+import re
 import subprocess
 
 import pytest
@@ -197,7 +199,12 @@ def test_the_table_has_every_registered_architecture():
     assert plugins - {POSITION_TRANSFORMER} - set(table) == set()
     for arch, scheme in table.items():
         assert arch in ARCH_MODEL_REGISTRY, f"{arch} ({scheme.name}) is not registered"
-        assert ARCH_MODEL_REGISTRY[arch] is MODEL_REGISTRY.get(scheme.family), (arch, scheme.family)
+        family = MODEL_REGISTRY.get(scheme.family)
+        if scheme.family == POSITION_TRANSFORMER:  # each scheme's architectures: a model class of its own
+            assert ARCH_MODEL_REGISTRY[arch] is MODEL_REGISTRY[scheme.arch_prefix], arch
+            assert issubclass(ARCH_MODEL_REGISTRY[arch], family) and ARCH_MODEL_REGISTRY[arch] is not family, arch
+        else:
+            assert ARCH_MODEL_REGISTRY[arch] is family, (arch, scheme.family)
     for name, scheme in SCHEMES.items():
         assert scheme.name == name and scheme.kind in KINDS and scheme.paper, scheme
     models = [s.model for s in SCHEMES.values()]
@@ -266,7 +273,7 @@ def test_hub_translate_equals_generate(small, tmp_path, arch):
     hub = TransformerModel.from_pretrained(
         str(tmp_path), checkpoint_file=ckpt.name, data_name_or_path=str(small / "bin"), bpe="sentencepiece",
         sentencepiece_model=str(small / "spm.model"), source_lang="src", target_lang="tgt").eval()
-    assert type(hub.models[0]).__name__ == "PositionTransformerModel"
+    assert "PositionTransformerModel" in [c.__name__ for c in type(hub.models[0]).__mro__]
     row = next(s for s in SCHEMES.values() if s.arch_prefix and s.arch("tiny") == arch)
     args = hub.models[0].args
     assert (args.cross_position_prior if row.cross else args.position_scheme) == row.name
@@ -976,3 +983,30 @@ def test_every_flag_set_without_the_parser_is_checked_by_its_own_parse(arch, fla
     assert "\n" not in str(refused.value)
     if flag.default is not None:  # the default itself passes its own check
         tiny_models.build(arch, **{flag.dest: flag.default})
+
+
+def _help(arch):
+    parser = options.get_training_parser()
+    with contextlib.redirect_stdout(io.StringIO()) as out, pytest.raises(SystemExit):
+        options.parse_args_and_arch(parser, input_args=["data-bin", "--user-dir", str(REPO / "fairseq_plugins"),
+                                                        "--arch", arch, "--help"])
+    return set(re.findall(r"^\s+(--[a-z0-9-]+)", out.getvalue(), flags=re.M))
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILY_SCHEMES if SCHEMES[n].arch_prefix])
+def test_an_architectures_help_lists_its_schemes_flags_alone(name):
+    """fairseq-train --arch X --help: X's scheme's flags and the cross-attention priors' (any stack scheme takes
+    one), no other scheme's; position_transformer's lists them all. The others stay accepted, unlisted, for the
+    one-line refusal of a flag the model would ignore."""
+    from fairseq_plugins.models.position_transformer import CROSS_PRIORS, SCHEME_CLASSES
+
+    every = {f.flag for cls in SCHEME_CLASSES for f in cls.flags}
+    assert every <= _help(POSITION_TRANSFORMER)
+    scheme = SCHEMES[name]
+    own = {f.flag for f in scheme.cls.flags} | {f.flag for s in CROSS_PRIORS.values() for f in s.cls.flags}
+    assert _help(scheme.arch("tiny")) & every == own
+    if name != "floater":  # another scheme's flag is refused in one line at build, not by the parser
+        from fairseq_plugins.flags import FlagError
+
+        with pytest.raises(FlagError, match=r"^--floater-dt is a floater flag, and this model's"):
+            tiny_models.build(scheme.arch("tiny"), floater_dt=0.5)

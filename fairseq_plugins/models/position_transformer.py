@@ -64,7 +64,8 @@ def _scheme_names(encoder):
     return [n for n, s in STACK_SCHEMES.items() if s.encoder or not encoder]
 
 
-def add_position_args(parser):
+def add_position_args(parser, listed=None):
+    """The flags of every scheme; ``listed``: the scheme classes whose flags --help shows (None: all)."""
     names = ", ".join(STACK_SCHEMES)
     for flag, encoder, what in (("--position-scheme", False, "both stacks (nope: the decoder only)"),
                                 ("--encoder-position-scheme", True, "the encoder (overrides --position-scheme)"),
@@ -76,7 +77,7 @@ def add_position_args(parser):
                         metavar="PRIOR", help=f"a position prior in the decoder's cross-attention, with any stack "
                                               f"scheme: {NO_PRIOR} (default) or {', '.join(CROSS_PRIORS)}")
     for cls in SCHEME_CLASSES:
-        cls.add_args(parser)
+        cls.add_args(parser, listed=listed is None or cls in listed)
 
 
 def check_flags_act(args, encoder, decoder):
@@ -342,10 +343,12 @@ class PositionTransformerModel(PluginTransformerModel):
         for module in self._scheme_modules():
             module.complete_gradients()
 
+    listed = None  # the scheme classes whose flags --help lists (None: every scheme's; a family's model: its own)
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        add_position_args(parser)
+        add_position_args(parser, cls.listed)
 
     @classmethod
     def build_model(cls, args, task):
@@ -461,8 +464,22 @@ def _register(scheme):
                 dims(args)
             position_transformer(args)
 
-        register_model_architecture(POSITION_TRANSFORMER, scheme.arch(size))(arch)
+        register_model_architecture(scheme.arch_prefix, scheme.arch(size))(arch)
 
 
+def _family_model(scheme):
+    """The model of a scheme's architectures (model name: its arch prefix): position_transformer itself, whose
+    --help lists that scheme's flags alone, with the cross-attention priors' that any stack scheme takes. The
+    other schemes' flags stay accepted, unlisted, so that a value that would do nothing gets its one line
+    (check_flags_act); a checkpoint names its architecture, so old ones load as this class."""
+    listed = {scheme.cls, *(s.cls for s in CROSS_PRIORS.values())}
+    name = "".join(part.capitalize() for part in scheme.arch_prefix.split("_")) + "Model"
+    doc = f"position_transformer with --help listing the flags of {scheme.name} ({scheme.paper})."
+    model = type(name, (PositionTransformerModel,), {"listed": listed, "__doc__": doc, "__module__": __name__})
+    return register_model(scheme.arch_prefix)(model)
+
+
+FAMILY_MODELS = {}  # scheme name -> the model class of its architectures
 for _scheme in FAMILY_SCHEMES:
+    FAMILY_MODELS[_scheme] = _family_model(SCHEMES[_scheme])
     _register(SCHEMES[_scheme])

@@ -46,9 +46,9 @@ class PositionScheme(nn.Module):
     # -- its flags, read before anything is built ------------------------------------------------------------
 
     @classmethod
-    def add_args(cls, parser):
+    def add_args(cls, parser, listed: bool = True):
         for flag in cls.flags:
-            flag.add_to(parser)
+            flag.add_to(parser, listed)
 
     @classmethod
     def defaults(cls, args):
