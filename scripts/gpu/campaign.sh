@@ -12,14 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CAMPAIGN_STARTED=${CAMPAIGN_STARTED:-$(date +%s.%N)}
-VENV=${VENV:-.venv}
-if [ -n "${BUNDLE:-}" ] || { [ ! -f "$VENV/.setup-stamp" ] && [ -f .gpu_bundle/MANIFEST ]; }; then
-  started=$SECONDS
-  PYTHON=${PYTHON:-python3} VENV=$VENV BUNDLE=${BUNDLE:-.gpu_bundle} bash scripts/setup_env.sh
-  export CAMPAIGN_SETUP_SECONDS=$((SECONDS - started))
-  echo "set-up from the bundle: $CAMPAIGN_SETUP_SECONDS s" >&2
-fi
-[ -f "$VENV/bin/activate" ] && source "$VENV/bin/activate"
+source scripts/gpu/offline_setup.sh CAMPAIGN_SETUP_SECONDS  # a bare GPU image: set up from the bundle
 global=() rest=()
 while (( $# )); do  # the campaign's own options go before the subcommand
   case $1 in

@@ -12,26 +12,17 @@
 #                                          train.sh, evaluate.sh, make_tables.py for WMT14 cells on a stand-in
 #                                          corpus (≤ 4 min), a call of its own
 #   bash scripts/gpu/gpu_check.sh --dry-run    on CPU at the smallest sizes (CUDA graphs emulated): checks the script
-# Sections in priority order, each in its own process killed at its cap (--cap NAME=SECONDS): a. machine 20 s,
-# b. floater_graph 100 s (graph vs loop: solve, Trainer with --update-freq 3 in fp32/amp/fp16/bf16, buckets in
-# both orders, memory_reserved against its bound), c. precision 360 s (every arch × fp16/bf16/amp, 100 updates),
-# d. bench 180 s (T = 64, 256; FLOATER with and without --floater-cuda-graph), f. invariance 240 s, g. users_path
-# 240 s (e. fused was removed with --attention-backend flex). A section that fails or times out is reported with
+# Sections in priority order, each in its own process killed at its cap (--cap NAME=SECONDS): machine 20 s,
+# floater_graph 100 s (graph vs loop: solve, Trainer with --update-freq 3 in fp32/amp/fp16/bf16, buckets in both
+# orders, memory_reserved against its bound), precision 360 s (every arch × fp16/bf16/amp, 100 updates), bench
+# 180 s (T = 64, 256; FLOATER with and without --floater-cuda-graph), invariance 240 s, users_path 240 s (fused
+# was removed with --attention-backend flex). A section that fails or times out is reported with
 # its reason and the next one runs; the exit status is 1 if any did or any check is out of bounds. Other flags:
 # --sections (or all), --out-dir DIR, --data BIN_DIR, --jobs N, --models (scripts/gpu/gpu_check.py --help). The
 # converged Multi30k campaign on a GPU lease: scripts/gpu/campaign.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-# On a bare GPU image (Python and torch, nothing else, no package index): set up offline from the carried
-# bundle (`make gpu-bundle` here; BUNDLE=dir to name another) over the image's python3 and its torch.
-VENV=${VENV:-.venv}
-if [ -n "${BUNDLE:-}" ] || { [ ! -f "$VENV/.setup-stamp" ] && [ -f .gpu_bundle/MANIFEST ]; }; then
-  started=$SECONDS
-  PYTHON=${PYTHON:-python3} VENV=$VENV BUNDLE=${BUNDLE:-.gpu_bundle} bash scripts/setup_env.sh
-  export GPU_CHECK_SETUP_SECONDS=$((SECONDS - started))
-  echo "set-up from the bundle: $GPU_CHECK_SETUP_SECONDS s" >&2
-fi
-[ -f "$VENV/bin/activate" ] && source "$VENV/bin/activate"
+source scripts/gpu/offline_setup.sh GPU_CHECK_SETUP_SECONDS  # a bare GPU image: set up from the bundle
 for arg in "$@"; do
   # the dry run borrows the test layer's CPU emulation of CUDA graphs
   [ "$arg" = --dry-run ] && export PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
