@@ -212,7 +212,7 @@ def measure(call, condition):
     for rank in range(max(levels)):
         out = call.work / "probe" / f"rank{rank}.json"
         save = call.work / "probe" / f"save{rank}"
-        worker = (f"{sys.executable} {REPO / 'scripts' / 'campaign.py'} probe-worker --rank {rank} --t0 {t0} "
+        worker = (f"{sys.executable} {REPO / 'scripts' / 'gpu' / 'campaign.py'} probe-worker --rank {rank} --t0 {t0} "
                   f"--window {window} --levels {','.join(map(str, levels))} --out {out} "
                   f"--ready {call.work / 'probe' / 'ready'} --ranks {max(levels)} --")
         env = call.env(condition, FAIRSEQ_TRAIN=worker, LR="0.005", WARMUP=call.recipe["WARMUP"], DROPOUT="0.3",
