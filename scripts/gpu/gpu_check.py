@@ -1,4 +1,4 @@
-"""What a machine with one GPU must show before anything GPU-only becomes a default: writes results/gpu_check/gpu_check.md.
+"""What a machine with one GPU must show before anything GPU-only becomes a default (results/gpu_check/gpu_check.md).
 
 Made for a lease of 15 minutes of device time (machine start included, at most 10 minutes a command). The default
 call runs the correctness sections machine, floater_graph and precision (caps 480 s; ≤ 9.7 minutes with the set-up and data/toy's

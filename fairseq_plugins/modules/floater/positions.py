@@ -137,7 +137,8 @@ class _TrainingSolves:
                 delta = [y - b.to(y.dtype) for y, b in zip(ys, b0)]
             if every > 1:
                 if solved:
-                    caches = [_TrainCache(b.detach().clone(), _frozen_copy(flow.dynamics)) for flow, b in zip(flows, b0)]
+                    caches = [_TrainCache(b.detach().clone(), _frozen_copy(flow.dynamics))
+                              for flow, b in zip(flows, b0)]
                 else:  # a later micro-batch of the update's shared solve: the cache its first one made
                     caches = self._caches()
                 self._canonical(caches, num_positions)  # now: the cached updates then do no solver work

@@ -240,8 +240,8 @@ def solve_latent(dynamics: Sequence[FloaterDynamics], y0: Tensor, dt: float, fir
     args = (z0, Mt, c1, w1, ec, et)
     q = None
     if cuda_graph and capturable(y0, args, first_index):
-        q = floater_cuda_graph.GRAPHS.replay(_LatentRK4.apply, rk4_plan(graph_bucket(num_points), dt, first_index), args,
-                                      num_points)  # None while another captured solve awaits its backward
+        plan = rk4_plan(graph_bucket(num_points), dt, first_index)
+        q = floater_cuda_graph.GRAPHS.replay(_LatentRK4.apply, plan, args, num_points)  # None: another awaits its backward
     plan = rk4_plan(num_points, dt, first_index)
     if q is None:
         q = _LatentRK4.apply(*args, plan)  # (F, P, K, hidden)

@@ -52,7 +52,8 @@ from torch import Tensor
 from ...flags import Flag, FlagError, boolean, one_of, positive
 from ..position_scheme import PositionScheme
 from .attention import Bindings, biased_projection, position_bindings, rows_from_padding_mask, step_bindings, token_rows
-from .dynamics import DEFAULT_SETTINGS, FIXED_GRID_SOLVERS, FLOW_INITS, SOLVER_NAMES, FloaterSettings, FloaterSolverError
+from .dynamics import (DEFAULT_SETTINGS, FIXED_GRID_SOLVERS, FLOW_INITS, SOLVER_NAMES, FloaterSettings,
+                       FloaterSolverError)
 from .flows import FloaterFlow, cache_size, describe_overflow
 from .positions import FloaterPositions
 
