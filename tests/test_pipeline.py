@@ -22,16 +22,22 @@ def test_imports_and_cli_help():
 
 
 def test_help_lists_the_archs_flags():
-    """`fairseq-train --arch X --help` shows X's own flags (the patch defers -h to fairseq's final parse)."""
-    for arch, flags in [("relative_transformer_wmt_en_de", ["--max-relative-positions", "--no-relative-values",
-                                                           "--relative-shared-heads"]),
-                        ("floater_transformer_wmt_en_de", ["--floater-dt", "--floater-method", "--floater-update-every"]),
-                        ("shape_transformer_wmt_en_de", ["--shape-max-shift", "--shape-eval-offset", "--t5-bias-init",
-                                                         "--t5-num-buckets"]),
-                        ("transformer_wmt_en_de", ["--encoder-embed-dim"])]:
+    """`fairseq-train --arch X --help` shows X's own flags (the patch defers -h to fairseq's final parse), and not
+    another scheme's (each scheme's architectures have a model class of their own); position_transformer's all."""
+    for arch, flags, others in [
+            ("relative_transformer_wmt_en_de", ["--max-relative-positions", "--no-relative-values",
+                                                "--relative-shared-heads"], ["--floater-dt", "--t5-num-buckets"]),
+            ("floater_transformer_wmt_en_de", ["--floater-dt", "--floater-method", "--floater-update-every"],
+             ["--max-relative-positions", "--rope-base"]),
+            ("shape_transformer_wmt_en_de", ["--shape-max-shift", "--shape-eval-offset"],
+             ["--t5-bias-init", "--t5-num-buckets", "--floater-dt"]),
+            ("position_transformer", ["--shape-max-shift", "--t5-bias-init", "--floater-dt", "--rope-base"], []),
+            ("transformer_wmt_en_de", ["--encoder-embed-dim"], ["--floater-dt"])]:
         out = run([str(BIN / "fairseq-train"), "--user-dir", "fairseq_plugins", "--arch", arch, "--help"]).stdout
         for flag in flags:
             assert flag in out, (arch, flag)
+        for flag in others:
+            assert flag not in out, (arch, flag)
 
 
 def test_train_resume_generate_score(toy_data, tmp_path):
