@@ -479,7 +479,6 @@ def _family_model(scheme):
     return register_model(scheme.arch_prefix)(model)
 
 
-FAMILY_MODELS = {}  # scheme name -> the model class of its architectures
 for _scheme in FAMILY_SCHEMES:
-    FAMILY_MODELS[_scheme] = _family_model(SCHEMES[_scheme])
+    _family_model(SCHEMES[_scheme])
     _register(SCHEMES[_scheme])

@@ -1,7 +1,4 @@
-"""scripts/bench/bench.py's command line: its flags, their defaults and checks, and the report it writes (the
-GPU check's speed section calls main() with its own arguments and the command line to record).
-
-What each position scheme costs, as ratios to fairseq's Transformer measured in the same run: training
+"""What each position scheme costs, as ratios to fairseq's Transformer measured in the same run: training
 update, beam-search decoding and peak memory per sequence length, or (--count-ops) operators and host syncs.
 
 The protocol is in scripts/tooling/bench/phases.py's docstring (the measurements); scripts/tooling/bench/report.py
@@ -12,6 +9,9 @@ writes the markdown. Usage: python scripts/bench/bench.py [--quick] [--device cp
 length mix batched by fairseq under --max-tokens, fairseq's Trainer in each --precision, beam-4 decoding; tokens
 per second, ratios to the Transformer, FLOPs per update and the fraction of the device's bf16 matmul rate.
 Verified on CPU only (tests/test_bench.py, tiny dims); it has not yet run on a GPU.
+
+This module is scripts/bench/bench.py's command line: its flags, their defaults and checks, and the report it writes
+(the GPU check's bench section calls main() with its own arguments and the command line to record).
 """
 import argparse
 import json

@@ -162,8 +162,6 @@ def plan(args):
 def graphs_emulated():
     """Whether the test layer's CPU emulation of CUDA graphs is installed (it replaces FLOATER's capture predicate,
     tests/helpers/cuda_graph_emulation.py), so that FLOATER's graph path runs on CPU."""
-    import torch
-
     return torch.cuda.CUDAGraph.__module__ != "torch.cuda.graphs"
 
 
