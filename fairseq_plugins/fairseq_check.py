@@ -9,11 +9,16 @@ silently wrong, so ``unpatched_refusal`` names them and the model refuses its fi
   slice; without flat gradients they get a zero gradient that Adam's momentum still acts on;
 - ``--floater-shared-solve`` under ``--ddp-backend legacy_ddp`` on several processes: stock legacy_ddp never calls
   the model's ``all_reduce_grads``, so θ and b(0) never get their gradient.
-The refusal waits for training because decoding builds the same model from a checkpoint's training flags.
+The refusal waits for training because decoding builds the same model from a checkpoint's training flags, and it
+judges what that forward runs on, not only the flags the model was built with: FP16Optimizer is in use only where
+the trainer made the model half (a checkpoint trained with ``--fp16``, loaded into one's own fp32 loop, is not), and
+the processes are ``torch.distributed``'s (torchrun and Slurm start one per GPU, which the parsed arguments of
+fairseq-train do not count).
 Stock 0.12.2's BetterTransformer fast path, which bypasses the plugins' attention after a checkpoint load, is kept
 off by the plugins' own encoder layers, patched or not (``models/position_transformer.py``)."""
 import logging
 
+import torch
 from omegaconf import OmegaConf
 
 logger = logging.getLogger(__name__)
@@ -64,27 +69,39 @@ def settings_reader(args):
     return lambda section, key: getattr(args, key, None)
 
 
+def data_parallel_world(get):
+    """The processes training together: torch.distributed's once it runs, else the configured world size."""
+    import torch.distributed as dist
+
+    configured = get("distributed_training", "distributed_world_size") or 1
+    return max(configured, dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
+
+
 def unpatched_refusal(get, args, model):
     """One line naming the flags that fairseq without the patch would train wrong for this model, or None (get:
-    settings_reader of the args the model's build was handed; args: them as a Namespace)."""
+    settings_reader of the args the model's build was handed; args: them as a Namespace). Called at the first
+    training forward: the model's dtype and the process group are then the training's."""
     if patched():
         return None
     skips = any(getattr(p, "may_skip_update", False) for p in model.parameters())
     reasons = []
     half = get("common", "fp16") or get("common", "bf16")
     efficient = get("common", "memory_efficient_fp16") or get("common", "memory_efficient_bf16")
-    if skips and half and not efficient and not get("common", "amp"):
+    # FP16Optimizer trains a model the trainer made half; a checkpoint's --fp16 in one's own fp32 loop is harmless
+    halved = any(p.dtype in (torch.float16, torch.bfloat16) for p in model.parameters())
+    if skips and half and halved and not efficient and not get("common", "amp"):
         flag = "--bf16" if get("common", "bf16") else "--fp16"
         flat = not get("common", "bf16") and not get("common", "fp16_no_flatten_grads")
-        harm = ("its flat gradients would hand every parameter after the flow's the gradient of another" if flat
-                else "the flow's parameters would get a zero gradient that Adam's momentum still acts on")
+        harm = ("its flat gradients would hand every parameter after the flow's the gradient of another on every "
+                "cached update" if flat else "the flow's parameters would get a zero gradient on every cached update, "
+                "which Adam's momentum still acts on")
         cached = [f for f, on in (("--floater-update-every %s" % getattr(args, "floater_update_every", None),
                                    (getattr(args, "floater_update_every", None) or 1) > 1),
                                   ("--floater-cache-whole-bias", getattr(args, "floater_cache_whole_bias", False)))
                   if on]
-        reasons.append(f"{flag} with {' '.join(cached) or 'parameters that sit out updates'} ({harm} on every "
-                       f"cached update); --amp or --memory-efficient-{flag[2:]} train it right there")
-    world = get("distributed_training", "distributed_world_size") or 1
+        reasons.append(f"{flag} with {' '.join(cached) or 'parameters that sit out updates'} ({harm}); "
+                       f"--amp or --memory-efficient-{flag[2:]} train it right there")
+    world = data_parallel_world(get)
     backend = get("distributed_training", "ddp_backend")
     if getattr(args, "floater_shared_solve", False) and backend in ("legacy_ddp", "no_c10d") and world > 1:
         reasons.append(f"--floater-shared-solve with --ddp-backend {backend} on {world} processes (its legacy_ddp "

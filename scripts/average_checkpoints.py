@@ -34,7 +34,12 @@ class AveragingError(Exception):
 
 def load(path):
     """A checkpoint dict through fairseq's loader: weights_only unpickling (tensors, containers, argparse.Namespace)."""
-    from fairseq.checkpoint_utils import torch_load_checkpoint
+    try:  # the patched fairseq's loader (its messages name the file)
+        from fairseq.checkpoint_utils import torch_load_checkpoint
+    except ImportError:  # a fairseq without the patch (the release, main): the same weights-only load
+        def torch_load_checkpoint(f, map_location):
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                return torch.load(f, map_location=map_location, weights_only=True)
 
     try:
         with open(path, "rb") as f:

@@ -172,8 +172,8 @@ MUTANTS = [
            "cross-attention: the incremental state's step counter never advances (every step at position 0)",
            "cache"),
     # -- refusals and flag validation --------------------------------------------------------------------------
-    Mutant("unpatched-refuses-memory-efficient", CHECK, "if skips and half and not efficient and not get(",
-           "if skips and half and not get(", ("tests/test_fairseq_check.py",),
+    Mutant("unpatched-refuses-memory-efficient", CHECK, "if skips and half and halved and not efficient and not get(",
+           "if skips and half and halved and not get(", ("tests/test_fairseq_check.py",),
            "unpatched fairseq: --memory-efficient-fp16/bf16 refused too (the exemption dropped)", "refusal"),
     Mutant("unpatched-legacy-ddp-world-size", CHECK, "and world > 1:", "and world > 2:",
            ("tests/test_fairseq_check.py",),

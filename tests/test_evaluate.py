@@ -144,6 +144,20 @@ def test_average_epoch_checkpoints_and_half_precision(tmp_path):
     assert torch.equal(state["model"]["encoder.w"], expected.half())
 
 
+
+def test_average_on_a_fairseq_without_the_patchs_loader(tmp_path, monkeypatch):
+    """The release and fairseq's main have no checkpoint_utils.torch_load_checkpoint (the patch adds it): the
+    script loads the same way there (it died on an ImportError) and averages the same."""
+    import fairseq.checkpoint_utils
+
+    for e in (1, 2):
+        fake_checkpoint(tmp_path / f"checkpoint{e}.pt", seed=e, step=e)
+    with_patch = average_checkpoints.average(average_checkpoints.select_checkpoints(tmp_path, 2, "epoch"))
+    monkeypatch.delattr(fairseq.checkpoint_utils, "torch_load_checkpoint")
+    without = average_checkpoints.average(average_checkpoints.select_checkpoints(tmp_path, 2, "epoch"))
+    assert with_patch["model"].keys() == without["model"].keys()
+    assert all(torch.equal(with_patch["model"][k], without["model"][k]) for k in with_patch["model"])
+
 @pytest.mark.parametrize("case, message", [
     ("keys", "parameter names differ: it has ['decoder.extra']"),
     ("shape", "parameter encoder.w has shape (4, 4), but (3, 4) in"),

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, env
-from helpers.small_task import ONE_THREAD, small_data, tiny_checkpoint, train_cmd
+from helpers.small_task import ONE_THREAD, free_port, small_data, tiny_checkpoint, train_cmd
 from helpers.stock_fairseq import SDIST, stock_fairseq
 
 pytestmark = pytest.mark.skipif(not SDIST.exists(), reason=f"no fairseq sdist at {SDIST} (make setup downloads it)")
@@ -76,8 +76,8 @@ def test_the_plugins_say_once_which_fairseq_they_run_on(stock):
     (FP16, "--fp16 with --floater-update-every 3 --floater-cache-whole-bias (its flat gradients would hand every "
            "parameter after the flow's the gradient of another on every cached update)"),
     # risk 2: FP16Optimizer without flat gradients
-    ((*FP16, "--fp16-no-flatten-grads"), "the flow's parameters would get a zero gradient that Adam's momentum "
-                                         "still acts on"),
+    ((*FP16, "--fp16-no-flatten-grads"), "the flow's parameters would get a zero gradient on every cached update, "
+                                         "which Adam's momentum still acts on)"),
 ], ids=["flat_fp16", "fp16_no_flatten_grads"])
 def test_floater_cached_updates_under_fp16_optimizer_are_refused(stock, data, tmp_path, extra, says):
     proc = on(stock, train(data, tmp_path / "ckpt", "floater_transformer_tiny", *AUTHORS_CACHE, *extra))
@@ -138,3 +138,39 @@ def test_interactive_translates_as_generate(stock, data, tmp_path_factory, schem
     assert len(batched) == len(alone) == len(sources.splitlines()) == 40
     assert [h for _, h in alone] == [h for _, h in batched]
     assert max(abs(a - b) for (a, _), (b, _) in zip(alone, batched)) < 1e-4
+
+
+def test_shared_solve_under_torchrun_is_refused(stock, data, tmp_path):
+    """torchrun (as Slurm) starts one process per rank; fairseq-train's parsed arguments then say one process, and the
+    refusal must read the world from torch.distributed: two gloo processes under `torchrun --nproc_per_node 2`."""
+    cmd = train(data, tmp_path / "ckpt", "floater_transformer_tiny", "--floater-shared-solve", "--ddp-backend",
+                "legacy_ddp", "--distributed-backend", "gloo")
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), *cmd[1:]]
+    proc = on(stock, run)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert ("--floater-shared-solve with --ddp-backend legacy_ddp on 2 processes (its legacy_ddp never calls the "
+            "model's all_reduce_grads") in out, out[-3000:]
+    assert "num_updates=" not in out  # refused before the first update
+
+
+@pytest.mark.parametrize("command", ["generate", "interactive"])
+def test_bf16_decoding_is_bf16_on_any_fairseq(stock, data, tmp_path_factory, command):
+    """--bf16 decodes in bfloat16 on the stock fairseq too (its release accepts the flag and decoded in float32):
+    the same hypotheses and scores as the patched fairseq's --bf16, and scores other than float32's."""
+    ckpt = tiny_checkpoint(tmp_path_factory, "relative_transformer_tiny")
+    extra = (["--source-lang", "src", "--target-lang", "tgt", "--buffer-size", "8", "--batch-size", "8"]
+             if command == "interactive" else ["--batch-size", "8"])
+    stdin = (data / "spm" / "test.src").read_text() if command == "interactive" else None
+
+    def decode(fairseq_dir, *precision):
+        proc = on(fairseq_dir, [sys.executable, "-m", f"fairseq_cli.{command}", str(data / "bin"), "--path",
+                                str(ckpt), *extra, *GEN, *precision], stdin=stdin)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return hypotheses(proc.stdout)
+
+    stock_bf16, patched_bf16, stock_fp32 = decode(stock, "--bf16"), decode(None, "--bf16"), decode(stock)
+    assert len(stock_bf16) == 40 and stock_bf16 == patched_bf16
+    assert [s for s, _ in stock_bf16] != [s for s, _ in stock_fp32]
+

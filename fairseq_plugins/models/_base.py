@@ -64,6 +64,15 @@ class PluginTransformerModel(TransformerModel):
         limit = _stack_limit(self.decoder)
         return sys.maxsize if limit is None else limit
 
+    def prepare_for_inference_(self, cfg):
+        """fairseq-generate and -interactive call this once the model is loaded (and halved for --fp16). Their
+        release (and fairseq's main) accepts --bf16 and then decodes in float32 without a word; the patched
+        fairseq casts first. Here the cast is done wherever the fairseq did not, so --bf16 decodes in bfloat16."""
+        common = getattr(cfg, "common", None)
+        if common is not None and getattr(common, "bf16", False) and not getattr(common, "fp16", False):
+            self.to(dtype=torch.bfloat16)  # floating tensors only: the integer position record stays as it is
+        super().prepare_for_inference_(cfg)
+
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's strict loads (fairseq-train --restore-file/--finetune-from-model, fairseq-generate --path,
         the hub) refuse a checkpoint whose record names other position schemes, in one line naming both, unless

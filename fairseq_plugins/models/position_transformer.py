@@ -327,8 +327,11 @@ class PositionTransformerModel(PluginTransformerModel):
         return [m for m in (self.encoder.position_scheme, self.decoder.position_scheme) if m is not None]
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
-        if self.training and getattr(self, "unpatched_refusal", None):
-            raise fairseq_check.UnpatchedFairseq(self.unpatched_refusal)
+        if self.training and not getattr(self, "fairseq_checked", True):
+            refusal = fairseq_check.unpatched_refusal(self.run_settings, self.args, self)
+            if refusal:
+                raise fairseq_check.UnpatchedFairseq(refusal)
+            self.fairseq_checked = True
         longest = max(src_tokens.size(1), prev_output_tokens.size(1))
         with ExitStack() as batch:  # one model forward: its longest sequence (FLOATER: one solve, both stacks)
             for module in self._scheme_modules():
@@ -356,8 +359,9 @@ class PositionTransformerModel(PluginTransformerModel):
         args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
         cls.prepare_args(args)
         model = super().build_model(args, task)
-        # refused at the first training forward, not here: decoding builds the model from the training flags
-        model.unpatched_refusal = fairseq_check.unpatched_refusal(settings, args, model)
+        # judged at the first training forward, not here: decoding builds the model from the training flags, and
+        # the trainer has then cast the model and joined the process group (fairseq_check)
+        model.run_settings, model.fairseq_checked = settings, False
         return model
 
     @classmethod
