@@ -69,13 +69,23 @@ done
 # world size: Slurm tasks, local GPUs, or one CPU process
 LAUNCH=()
 EXTRA=()
+gpus() { "$PY" -c 'import torch; print(torch.cuda.device_count())'; }
 if [ "${LAUNCHER:-local}" = srun ]; then
   : "${SLURM_JOB_ID:?LAUNCHER=srun needs a Slurm allocation (SLURM_JOB_ID unset)}"
   WORLD=${SLURM_NTASKS:-${SLURM_NNODES:-1}}  # no task count asked for: one task a node (Slurm's default)
   TASKS=$WORLD
-  if [ "$CPU" != 1 ] && [ "$WORLD" = "${SLURM_NNODES:-1}" ]; then
-    # one task per node: fairseq's Slurm detection then starts one process per GPU of each node itself
-    WORLD=$(( ${SLURM_NNODES:-1} * $("$PY" -c 'import torch; print(torch.cuda.device_count())') ))
+  if [ "$CPU" != 1 ]; then
+    # a job without GPUs would otherwise start a world of none and end "COMPLETED" untrained
+    NODE_GPUS=$(gpus)
+    if [ "$NODE_GPUS" -lt 1 ]; then
+      echo "train.sh: job $SLURM_JOB_ID has no GPU (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}); ask sbatch" \
+        "for GPUs (e.g. --gpus-per-node=8) or set CPU=1 to train on CPU" >&2
+      exit 1
+    fi
+    if [ "$WORLD" = "${SLURM_NNODES:-1}" ]; then
+      # one task per node: fairseq's Slurm detection then starts one process per GPU of each node itself
+      WORLD=$(( ${SLURM_NNODES:-1} * NODE_GPUS ))
+    fi
   fi
   LAUNCH=(srun --kill-on-bad-exit=1 --ntasks="$TASKS")
   if [ "$CPU" != 1 ] || [ "$TASKS" -gt 1 ]; then
@@ -87,7 +97,7 @@ if [ "${LAUNCHER:-local}" = srun ]; then
 elif [ "$CPU" = 1 ]; then
   WORLD=1
 else
-  WORLD=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+  WORLD=$(gpus)
   if [ "$WORLD" -lt 1 ]; then
     echo "train.sh: no GPU visible (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}); set CPU=1 to train on CPU" >&2
     exit 1

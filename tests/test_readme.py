@@ -111,6 +111,43 @@ def test_the_newer_schemes_loop_runs_the_other_configs():
                             capture_output=True, check=True).stdout.split()
     assert sorted(listed) == sorted(f"wmt14_{pair}_{size}_{s}" for pair in ("en_de", "en_fr")
                                     for size in ("base", "big") for s in NEW_SCHEMES)
+    # the count the README gives is the list's
+    said = re.search(r"(\d+) more trainings, (\d+) of them big models", README.read_text(encoding="utf-8"))
+    assert said and [int(n) for n in said.groups()] == [len(listed), sum("_big_" in c for c in listed)], said
+
+
+def directly_run_scripts(text):
+    """The scripts a code block of the docs runs by path (`scripts/x.py ...`, not `python scripts/x.py`): a command's
+    first word, at a line's start or after ;, &&, ||, |, do, then or $(."""
+    found = set()
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.M | re.S):
+        found |= set(re.findall(r"(?:^|[;&|(]|\bdo|\bthen)\s*(scripts/[\w/.-]+)", block, flags=re.M))
+    return found
+
+
+def git_modes():
+    """{path: mode} of git's index, or None outside a git checkout."""
+    proc = subprocess.run(["git", "ls-files", "-s", "scripts"], cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None
+    return {line.split("\t", 1)[1]: line.split()[0] for line in proc.stdout.splitlines()}
+
+
+def test_every_script_the_docs_run_by_path_is_executable():
+    """A script the docs run as `scripts/x ...` has a shebang and is executable in git (submit_paper.py was not:
+    `Permission denied`), and so is every script with a shebang (a clone gets git's mode, not the author's)."""
+    modes = git_modes()
+    if modes is None:
+        pytest.skip("not a git checkout: file modes come from git's index")
+    direct = set()
+    for doc in [README, *DOCS, *sorted((REPO / "configs").rglob("README.md"))]:
+        direct |= directly_run_scripts(doc.read_text(encoding="utf-8"))
+    assert "scripts/submit_paper.py" in direct and "scripts/train.sh" in direct, direct
+    for path in sorted(direct):
+        assert (REPO / path).read_text(encoding="utf-8").startswith("#!"), f"{path}: run by path, no shebang"
+    shebang = {p for p in modes if (REPO / p).is_file() and (REPO / p).read_bytes().startswith(b"#!")}
+    not_executable = sorted(p for p in shebang | direct if modes.get(p) != "100755")
+    assert not not_executable, f"not executable in git: {not_executable}"
 
 
 def toy_checkout(tmp_path):

@@ -120,3 +120,19 @@ def test_scontrol_requeue_mid_epoch_resumes_exactly(cluster, toy_data, uninterru
     assert resumed and 2 <= int(resumed[0][1]) < MAX_UPDATE, train_log[-2000:]
     assert resumed[0][0] == "1" and "end of epoch 1 " in train_log.split("Loaded checkpoint")[-1]  # mid-epoch
     assert_same_model(save / "checkpoint_last.pt", uninterrupted)
+
+
+def test_a_job_without_gpus_fails_and_says_so(cluster, tmp_path):
+    """A training asked of Slurm without GPUs (no --gpus, CPU unset): train.sh stops with one line naming what to
+    ask for, and the job ends FAILED (it computed a world of 0 GPUs, "division by 0", and ended COMPLETED untrained)."""
+    out = tmp_path / "job.out"
+    job = cluster.submit(f"--output={out}", f"--chdir={REPO}", "scripts/train.sbatch", "toy_recipe",
+                         env={**{k: v for k, v in env().items() if k != "CPU"}, "SAVE_DIR": str(tmp_path / "ckpt")},
+                         cwd=REPO)
+    info = cluster.wait(job, lambda i: i.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", None),
+                        timeout=120, release_after=None, output=out)
+    log = out.read_text(errors="replace")
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", cluster.diagnostics(out)
+    assert (f"train.sh: job {job} has no GPU (CUDA_VISIBLE_DEVICES=unset); ask sbatch for GPUs (e.g. "
+            "--gpus-per-node=8) or set CPU=1 to train on CPU") in log, log
+    assert "division by 0" not in log and not (tmp_path / "ckpt" / "checkpoint_last.pt").exists()

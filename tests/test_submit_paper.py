@@ -9,7 +9,6 @@ whose training ended.
 """
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -17,33 +16,13 @@ import time
 import pytest
 
 from conftest import REPO, env, run
+from helpers.slurm_cluster import which
 from helpers.stand_ins import stand_ins
 from test_slurm import cluster  # noqa: F401  (the module's cluster fixture)
 
 DE_T, DE_R, DE_W = "wmt14_en_de_base_transformer", "wmt14_en_de_base_relative", "wmt14_en_de_base_floater_all_warm"
 FR_T, FR_W = "wmt14_en_fr_base_transformer", "wmt14_en_fr_base_floater_all_warm"
 CELLS = [DE_T, DE_R, DE_W, FR_T, FR_W]
-TINY = [f"++model.{k}" for k in ("encoder_embed_dim=16", "decoder_embed_dim=16", "encoder_ffn_embed_dim=32",
-        "decoder_ffn_embed_dim=32", "encoder_layers=1", "decoder_layers=1", "encoder_attention_heads=2",
-        "decoder_attention_heads=2")] + ["optimization.max_update=4",
-        "optimization.update_freq=[1]", "dataset.max_tokens=1024", "dataset.max_valid_steps=1",
-        "dataset.num_workers=0"]
-
-
-@pytest.fixture(scope="module")
-def en_de(tmp_path_factory):
-    """A prepare_wmt14.sh-shaped en-de folder (raw/, spm.model, bin/ with a joined dictionary): the toy task with
-    30 test and valid sentences."""
-    out = tmp_path_factory.mktemp("toy_en_de")
-    raw = out / "raw"
-    run([sys.executable, "scripts/make_toy_data.py", "--out", str(out / "toy"), "--train", "600", "--valid", "30",
-         "--test", "30", "--test-long", "2"])
-    raw.mkdir()
-    for split in ("train", "valid", "test"):
-        for ours, theirs in (("en", "src"), ("de", "tgt")):
-            shutil.copy(out / "toy" / f"{split}.{theirs}", raw / f"{split}.{ours}")
-    run(["bash", "scripts/prepare_bitext.sh", str(raw), str(out), "en", "de", "200"])
-    return out
 
 
 def paper_numbers(path):
@@ -59,19 +38,17 @@ def paper_numbers(path):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_the_paper_chain_runs_names_its_holes_and_resubmits_nothing(cluster, en_de, tmp_path):  # noqa: F811
-    ckpts, results = tmp_path / "ckpt", tmp_path / "results"
-    common = ["--checkpoints", str(ckpts), "--results", str(results),
-              "--paper-numbers", str(paper_numbers(tmp_path / "paper.json"))]
-    e = {**env(), **cluster.env, "CPU": "1", "OMP_NUM_THREADS": "1"}
+def test_the_paper_chain_runs_names_its_holes_and_resubmits_nothing(cluster, tmp_path):  # noqa: F811
+    """Through the documented try-out (scripts/demos/slurm_tryout.sh), with two En-Fr cells added that fail."""
+    ckpts = tmp_path / "tryout"  # the try-out's OUT: data/, the cells' folders, the logs, the manifest, results/
+    results = ckpts / "results"
+    # the En-Fr cells train on the try-out's En-De folder (its task.data override), which has no French dictionary
+    common = ["--paper-numbers", str(paper_numbers(tmp_path / "paper.json"))]
+    e = {**env(), **cluster.env, "OUT": str(ckpts)}
 
     def submit(*cells, extra=()):
-        proc = subprocess.run([sys.executable, "scripts/submit_paper.py", *cells, *common, *extra,
-                               "--eval-args", f"--cpu --data-dir {en_de} --checkpoint-kind last",
-                               # the tiny dims are the training's overrides, not the arch's: its base arch takes IN's
-                               "--warm-args=--arch floater_transformer",
-                               *[f"--override={o}" for o in [f"task.data={en_de / 'bin'}", *TINY]]],
-                              cwd=REPO, env=e, capture_output=True, text=True)
+        proc = subprocess.run(["bash", "scripts/demos/slurm_tryout.sh", *common, *extra],
+                              cwd=REPO, env={**e, "CELLS": " ".join(cells)}, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr + proc.stdout
         return proc.stdout
 
@@ -119,7 +96,7 @@ def test_the_paper_chain_runs_names_its_holes_and_resubmits_nothing(cluster, en_
     (results / f"{DE_R}.newstest2013.json").unlink()
     dry = submit(*CELLS, extra=["--dry-run"])
     assert f"{DE_R}: trained; evaluating" in dry and f"{DE_T}: done" in dry and f"{DE_W}: done" in dry
-    submitted = [line for line in dry.splitlines() if line.startswith("  sbatch ")]
+    submitted = [line for line in dry.splitlines() if re.search(r"\bsbatch --job-name ", line)]
     assert [re.search(r"--job-name (\S+)", s).group(1) for s in submitted] == [
         f"train-{FR_T}", f"eval-{FR_T}-newstest2014", f"eval-{DE_R}-newstest2013", f"train-{FR_W}",
         f"eval-{FR_W}-newstest2014", "tables"], dry
@@ -133,6 +110,13 @@ def test_bad_cells_get_one_line(tmp_path):
     assert proc.returncode == 1 and proc.stderr.strip() == (
         "submit_paper.py: wmt14_en_de_base_nosuch: not a WMT14 cell (expected paper, newer or a name from "
         "make_tables.py --list, e.g. wmt14_en_de_base_relative)")
+
+
+def some_data(tmp_path):
+    """submit_paper.py's folders under tmp_path, with an (empty) data folder for the trainings and evaluations."""
+    (tmp_path / "data" / "bin").mkdir(parents=True, exist_ok=True)
+    return ["--checkpoints", str(tmp_path / "ckpt"), "--results", str(tmp_path / "results"),
+            f"--override=task.data={tmp_path / 'data' / 'bin'}", f"--eval-args=--data-dir {tmp_path / 'data'}"]
 
 
 def test_a_failed_sbatch_keeps_what_was_submitted(tmp_path):
@@ -150,11 +134,11 @@ n=$(( $(cat {tmp_path}/n 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/n
 echo "$*" >> {tmp_path}/submitted; echo $n
 """, "scontrol": 'echo "JobId=$4 JobName=x JobState=PENDING Reason=Priority"\n'})
     e = {**env(), "PATH": f"{fake}:{env()['PATH']}"}
-    cmd = [sys.executable, "scripts/submit_paper.py", DE_T, DE_R, "--checkpoints", str(tmp_path / "ckpt"),
-           "--results", str(tmp_path / "results")]
+    cmd = [sys.executable, "scripts/submit_paper.py", DE_T, DE_R, *some_data(tmp_path)]
     failed = subprocess.run(cmd, cwd=REPO, env={**e, "FAIL_AT": "3"}, capture_output=True, text=True)
     assert failed.returncode == 1 and failed.stderr.strip() == (
-        "submit_paper.py: sbatch failed: sbatch: error: QOSMaxSubmitJobPerUserLimit"), failed.stderr
+        f"submit_paper.py: sbatch refused train-{DE_R} (its options: --sbatch, --train): "
+        "QOSMaxSubmitJobPerUserLimit"), failed.stderr
     jobs = json.loads((tmp_path / "ckpt" / "submit_paper.json").read_text())["cells"]
     assert jobs[DE_T] == {"train": "1", "eval": {"newstest2014": "2"}}
     again = subprocess.run(cmd, cwd=REPO, env=e, capture_output=True, text=True)
@@ -173,9 +157,160 @@ def test_jobs_slurm_has_forgotten_are_submitted_again(tmp_path):
     fake = stand_ins(tmp_path / "bin", {
         "sbatch": f"n=$(( $(/bin/cat {tmp_path}/n 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/n; echo $n\n",
         "scontrol": "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1\n"})
-    cmd = [sys.executable, "scripts/submit_paper.py", DE_T, "--checkpoints", str(tmp_path / "ckpt"),
-           "--results", str(tmp_path / "results")]
+    cmd = [sys.executable, "scripts/submit_paper.py", DE_T, *some_data(tmp_path)]
     for n in (1, 2):  # no sacct on this PATH
         proc = subprocess.run(cmd, cwd=REPO, env={**env(), "PATH": str(fake)}, capture_output=True, text=True)
         assert proc.returncode == 0 and f"{DE_T}: training" in proc.stdout, proc.stderr
     assert json.loads((tmp_path / "ckpt" / "submit_paper.json").read_text())["cells"][DE_T]["train"] == "4"
+
+
+def queued(cluster, comment):
+    """{job id: job name} of the jobs queued with --comment=COMMENT (each test's own: the cluster is the module's)."""
+    out = cluster.client("squeue", "-h", "-o", "%i %j %k").stdout.split("\n")
+    return {i: n for i, n, k in (line.split(" ", 2) for line in out if line.strip()) if k == comment}
+
+
+def cancel(cluster, comment):
+    jobs = queued(cluster, comment)
+    if jobs:
+        cluster.client("scancel", *jobs, check=False)
+
+
+@pytest.mark.slurm
+def test_two_submissions_at_once_queue_each_job_once(cluster, tmp_path):  # noqa: F811
+    """Two submit_paper.py runs at once (each sbatch slowed by a second, so that they overlap): the second waits for
+    the first, then finds its jobs queued; every job is queued once and in the manifest (it was: 12 jobs for 6, two
+    trainings per cell writing one folder, 6 of them untracked)."""
+    comment = f"two-at-once-{tmp_path.name}"
+    slow = stand_ins(tmp_path / "bin", {"sbatch": f'sleep 1; exec {which("sbatch")} "$@"\n'})
+    e = {**env(), **cluster.env, "PATH": f"{slow}:{env()['PATH']}"}
+    cmd = [sys.executable, "scripts/submit_paper.py", DE_T, DE_R, *some_data(tmp_path),
+           f"--sbatch=--hold --comment={comment}"]
+    try:
+        procs = [subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        outs = [p.communicate(timeout=180) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        jobs = queued(cluster, comment)
+        names = sorted(jobs.values())
+        assert names == sorted([f"train-{DE_T}", f"eval-{DE_T}-newstest2014", f"train-{DE_R}",
+                                f"eval-{DE_R}-newstest2014", f"eval-{DE_R}-newstest2013", "tables"]), (names, outs)
+        manifest = json.loads((tmp_path / "ckpt" / "submit_paper.json").read_text())
+        tracked = {manifest["tables"]} | {j for c in manifest["cells"].values()
+                                          for j in [c["train"], *c["eval"].values()]}
+        assert tracked == set(jobs), (tracked, jobs)
+        second = next(out for out, _ in outs if "nothing to submit" in out)
+        assert "waiting for the submission running on" in second, outs
+    finally:
+        cancel(cluster, comment)
+
+
+@pytest.mark.slurm
+def test_a_refused_evaluation_is_submitted_by_the_rerun(cluster, tmp_path):  # noqa: F811
+    """sbatch accepts a training and refuses its evaluation (GPUs asked of a node without any): the rerun with the
+    evaluation's options fixed submits the evaluation after the training still queued, and the tables job (it
+    said "nothing to submit")."""
+    comment = f"partial-{tmp_path.name}"
+    e = {**env(), **cluster.env}
+    cmd = [sys.executable, "scripts/submit_paper.py", DE_T, *some_data(tmp_path), f"--sbatch=--hold --comment={comment}"]
+    try:
+        bad = subprocess.run([*cmd, "--eval=--gpus=1"], cwd=REPO, env=e, capture_output=True, text=True)
+        assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert bad.stderr.startswith(f"submit_paper.py: sbatch refused eval-{DE_T}-newstest2014 (its options: "
+                                     "--sbatch, --eval): "), bad.stderr
+        train = json.loads((tmp_path / "ckpt" / "submit_paper.json").read_text())["cells"][DE_T]["train"]
+        assert queued(cluster, comment) == {train: f"train-{DE_T}"}
+        good = subprocess.run(cmd, cwd=REPO, env=e, capture_output=True, text=True)
+        assert good.returncode == 0, good.stderr
+        assert f"{DE_T}: queued or running (jobs {train}): not submitted again" in good.stdout, good.stdout
+        assert f"{DE_T}: evaluation on newstest2014 after job {train}" in good.stdout, good.stdout
+        manifest = json.loads((tmp_path / "ckpt" / "submit_paper.json").read_text())
+        evaluation = manifest["cells"][DE_T]["eval"]["newstest2014"]
+        assert manifest["cells"][DE_T]["train"] == train
+        assert cluster.job(evaluation)["Dependency"].startswith(f"afterok:{train}")
+        assert sorted(queued(cluster, comment).values()) == sorted(
+            [f"train-{DE_T}", f"eval-{DE_T}-newstest2014", "tables"])
+    finally:
+        cancel(cluster, comment)
+
+
+@pytest.mark.slurm
+def test_a_submission_that_cannot_queue_says_so_in_one_line_and_leaves_nothing(cluster, tmp_path):  # noqa: F811
+    """An invalid partition, no sbatch, a SLURM_CONF that is not there, a missing data folder: one line naming what to
+    change, exit 1, nothing queued and no manifest (one with "train": null was left behind)."""
+    comment = f"nothing-{tmp_path.name}"
+    e = {**env(), **cluster.env}
+    cmd = [sys.executable, "scripts/submit_paper.py", DE_T, *some_data(tmp_path), f"--sbatch=--comment={comment}"]
+    cases = [
+        ([f"--sbatch=--comment={comment} --partition=nosuch"], {},
+         f"submit_paper.py: sbatch refused train-{DE_T} (its options: --sbatch, --train): invalid partition"),
+        ([], {"PATH": str(tmp_path / "empty")}, "submit_paper.py: sbatch: not found (run this on a Slurm login node"),
+        ([], {"SLURM_CONF": str(tmp_path / "no.conf")}, f"submit_paper.py: SLURM_CONF={tmp_path / 'no.conf'}: no "),
+        (["--override=task.data=/nonexistent/bin"], {},
+         f"submit_paper.py: {DE_T}: no data folder /nonexistent/bin (from --override task.data"),
+        ([f"--eval-args=--data-dir {tmp_path / 'nodata'}"], {},
+         f"submit_paper.py: {DE_T}: its evaluation finds no data folder {tmp_path / 'nodata'}"),
+    ]
+    try:
+        for extra, changed, says in cases:
+            proc = subprocess.run([*cmd, *extra], cwd=REPO, env={**e, **changed}, capture_output=True, text=True,
+                                  timeout=50)
+            assert proc.returncode == 1 and proc.stderr.startswith(says), (says, proc.stderr)
+            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+            assert not (tmp_path / "ckpt" / "submit_paper.json").exists(), extra
+            assert queued(cluster, comment) == {}, extra
+    finally:
+        cancel(cluster, comment)
+
+
+def test_a_missing_data_folder_is_refused_before_any_job(tmp_path):
+    """The config's own data folder (data/wmt14_en_fr/bin, which a clone lacks) names the command that makes it;
+    nothing is submitted (it was: exit 0, then fairseq's traceback on the node)."""
+    fake = stand_ins(tmp_path / "bin", {"sbatch": f"echo \"$*\" >> {tmp_path}/submitted; echo 1\n"})
+    proc = subprocess.run([sys.executable, "scripts/submit_paper.py", FR_T, "--checkpoints", str(tmp_path / "ckpt"),
+                           "--results", str(tmp_path / "results")], cwd=REPO,
+                          env={**env(), "PATH": f"{fake}:{env()['PATH']}"}, capture_output=True, text=True)
+    if (REPO / "data" / "wmt14_en_fr" / "bin").is_dir():
+        pytest.skip("this clone has data/wmt14_en_fr/bin")
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        f"submit_paper.py: {FR_T}: no data folder data/wmt14_en_fr/bin (bash scripts/prepare_wmt14.sh en-fr makes "
+        "it; or --override task.data=DIR)"), proc.stderr
+    assert not (tmp_path / "submitted").exists() and not (tmp_path / "ckpt" / "submit_paper.json").exists()
+
+
+def test_the_config_data_folder_is_the_composed_configs(tmp_path):
+    """submit_paper.py reads a cell's data folder from configs/pair/*.yaml; fairseq-hydra-train's composition of
+    the cell agrees (scripts/hydra_config.py, as scripts/train.sh runs it from the repository)."""
+    import submit_paper
+
+    cells = ["wmt14_en_de_base_transformer", "wmt14_en_fr_big_floater_all_warm"]
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'scripts'); import hydra_config as h; "
+         f"print(*[h.select(h.compose(c), 'task.data') for c in {cells!r}], sep='\\n')"],
+        cwd=REPO, env={**env(), "PWD": str(REPO)}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(submit_paper.config_data(c)) for c in cells]
+
+
+def test_the_dry_run_prints_lines_a_shell_runs(tmp_path):
+    """Each printed line carries the environment its job reads: run by a shell (sbatch a stand-in that records what
+    it got), the warm start's line hands the job WARM_START_FROM and SAVE_DIR. --train-big serves the big cells,
+    --train the base ones; the tables job takes --tables after --sbatch (the last partition wins)."""
+    big = "wmt14_en_de_big_relative"
+    dry = subprocess.run([sys.executable, "scripts/submit_paper.py", DE_W, big, "--dry-run", *some_data(tmp_path),
+                          "--sbatch=--partition=gpu", "--train=--time=1:00:00", "--train-big=--time=3:00:00",
+                          "--tables=--partition=cpu"], cwd=REPO, env=env(), capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    lines = {re.search(r"--job-name (\S+)", ln).group(1): ln.strip() for ln in dry.stdout.splitlines()
+             if re.search(r"\bsbatch --job-name ", ln)}
+    assert "--time=1:00:00" in lines[f"train-{DE_W}"] and "--time=3:00:00" in lines[f"train-{big}"]
+    assert "--time=3:00:00" not in lines[f"train-{DE_W}"] and "--time=1:00:00" not in lines[f"train-{big}"]
+    assert re.search(r"--partition=gpu .*--partition=cpu", lines["tables"])
+    fake = stand_ins(tmp_path / "bin", {"sbatch": f'echo "$SAVE_DIR|${{WARM_START_FROM:-}}|$*" > {tmp_path}/got\n'})
+    ran = subprocess.run(["bash", "-c", lines[f"train-{DE_W}"]], env={**env(), "PATH": f"{fake}:{env()['PATH']}"},
+                         capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    save, warm, argv = (tmp_path / "got").read_text().strip().split("|")
+    assert save == str(tmp_path / "ckpt" / DE_W)
+    assert warm == str(tmp_path / "ckpt" / DE_T / "checkpoint_last.pt")
+    assert argv.endswith(f"scripts/train.sbatch {DE_W} task.data={tmp_path / 'data' / 'bin'}")

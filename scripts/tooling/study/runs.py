@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The Multi30k study's run results (scripts/study/study.py is its command line; the study runs through
 scripts/study/multi30k_study.sh). Its tables are tooling/study/table.py's, its decisions tooling/study/plan.py's.
 
