@@ -58,6 +58,44 @@ def env():
     return e
 
 
+def pytest_configure(config):
+    """This worker's fork server (tests/preload/server.py): the fairseq commands and this project's scripts that
+    its tests start run forked from an interpreter that already imported torch and fairseq. Started at once, in
+    the background: a process that asks before it is ready starts fresh. One per process that runs tests (not
+    pytest-xdist's controller: its workers start their own, with their thread settings); none where one is
+    inherited (a pytest started by a test); PRELOAD=0: every process starts fresh."""
+    if (os.environ.get("PRELOAD", "1") == "0" or "PRELOAD_SOCKET" in os.environ
+            or (not WORKER and getattr(config.option, "numprocesses", None))):
+        return
+    import atexit
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="preload-")  # short: a socket's path has at most 107 bytes
+    os.environ["PYTHONPATH"] += os.pathsep + str(REPO / "tests" / "preload")
+    sock, cpu = os.path.join(folder, "socket"), os.path.join(folder, "cpu")
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "preload" / "server.py"), sock, cpu],
+                              env=env(), stdin=subprocess.DEVNULL, cwd=folder)
+    os.environ["PRELOAD_SOCKET"], os.environ["PRELOAD_CPU_FILE"] = sock, cpu
+
+    def stop():
+        server.kill()
+        server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+    atexit.register(stop)
+
+
+# Modules whose tests are about the processes themselves (signals, a cluster's process tracking, set-up from
+# nothing): every process they start is a fresh interpreter; a test can ask the same with @pytest.mark.fresh_processes.
+FRESH_MODULES = {"test_slurm", "test_supervise", "test_prep_interrupt", "test_setup_env", "test_gpu_bundle",
+                 "test_own_fairseq", "test_launchers"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_processes(request, monkeypatch):
+    if _module(request.node) in FRESH_MODULES or request.node.get_closest_marker("fresh_processes"):
+        monkeypatch.delenv("PRELOAD_SOCKET", raising=False)
+
+
 def shared_root(tmp_path_factory):
     """The folder that every worker of this run sees: under pytest-xdist the parent of each worker's basetemp
     (one per run), else this session's basetemp."""

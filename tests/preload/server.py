@@ -1,0 +1,202 @@
+"""The suite's fork server: one per pytest worker, holding torch and fairseq imported, so that the fairseq commands
+and scripts the tests start skip the 2.9 CPU seconds each fresh interpreter spends importing them (515 of the
+suite's 1,403 Python processes did, 45% of its CPU time: results/suite/times_05d330e_loaded.md).
+
+    python tests/preload/server.py SOCKET CPU_FILE
+
+A process started with this folder on PYTHONPATH and PRELOAD_SOCKET set asks here at start-up (sitecustomize.py,
+which decides what may be handed over). This process forks; the child takes the caller's standard streams,
+working directory, environment, umask, argv and sys.path, runs the script or module as `python` would and ends
+through the interpreter's own exit (threads joined, atexit, finalisation). The caller waits, forwards the signals
+it gets to the child, and ends as the child did. A caller that dies takes its child with it (SIGKILL).
+
+Only what a fresh interpreter would import the same way is preloaded: torch, numpy and fairseq, from
+site-packages, before any tensor work (no thread pool started, nothing drawn from a generator). fairseq_cli's
+modules are not (each configures logging when imported), nor this project's code (a changed file must be read).
+Every reaped child's CPU seconds are added to CPU_FILE, which the tier clock reads (tests/helpers/tier_clock.py).
+
+What a child cannot get fresh, and why that is harmless here: its string hash seed is the server's (a running
+interpreter cannot change it; a fresh one draws its own), so every child iterates a set of strings in one order,
+as any one fresh process does. The thread count is set from the caller's OMP_NUM_THREADS (required: without it a
+fresh torch picks its own), and Python's, numpy's and torch's global generators are seeded anew from the OS.
+"""
+import json
+import os
+import select
+import socket
+import struct
+import sys
+
+PRELOADED = ("torch", "numpy", "fairseq")
+
+
+def preload():
+    for name in PRELOADED:
+        __import__(name)
+    import gc
+    import threading
+    # Out of the collector's reach in every child: a child's collections, and its exit, then neither walk nor
+    # touch (and so copy) the preloaded objects; its exit took 0.73 CPU s without this, 0.11 with it.
+    gc.freeze()
+    # A fork copies one thread: a Python thread here would leave its locks held in every child. (numpy's OpenBLAS
+    # starts OMP_NUM_THREADS - 1 native threads when it loads, and stops them itself around a fork.)
+    assert threading.active_count() == 1, "preload started a thread"
+    assert "torch._inductor" not in sys.modules, "preload loaded torch._inductor (its variables are not checked: LAZY)"
+
+
+def recv_request(conn):
+    """The caller's request (JSON) and its three standard streams, passed as file descriptors."""
+    size = struct.unpack("!I", conn.recv(4, socket.MSG_WAITALL))[0]
+    msg, fds, _, _ = socket.recv_fds(conn, size, 3, socket.MSG_WAITALL)
+    data = msg
+    while len(data) < size:
+        data += conn.recv(size - len(data))
+    return json.loads(data), fds
+
+
+def compatible(req):
+    """Why the caller must start fresh, or None: anything read at import time that differs from this process."""
+    if req["prefix"] != sys.prefix or req["executable"] != sys.executable:
+        return "another interpreter"
+    if req["flags"] != list(sys.flags):
+        return "interpreter flags"
+    def read_at_import(k):
+        return k.startswith(IMPORT_TIME_VARIABLES) and k not in THREADS and not k.startswith(LAZY)
+
+    mine = {k: v for k, v in os.environ.items() if read_at_import(k)}
+    theirs = {k: v for k, v in req["env"].items() if read_at_import(k)}
+    if not req["env"].get("OMP_NUM_THREADS", "").isdigit() or int(req["env"]["OMP_NUM_THREADS"]) < 1:
+        return "no OMP_NUM_THREADS: a fresh torch would pick its own thread count"
+    if req["env"].get("MKL_NUM_THREADS", req["env"]["OMP_NUM_THREADS"]) != req["env"]["OMP_NUM_THREADS"]:
+        return "MKL_NUM_THREADS differs from OMP_NUM_THREADS"
+    if mine != theirs:
+        return "environment read at import: " + " ".join(sorted({k for k, _ in set(mine.items()) ^ set(theirs.items())}))
+    for entry in req["path"]:  # a module that the caller's sys.path would find elsewhere than the preloaded one
+        if entry not in sys.path and os.path.isdir(entry):
+            names = {n.split(".")[0] for n in os.listdir(entry)}
+            if names & TOP_LEVEL:
+                return f"{entry} shadows a preloaded module"
+    return None
+
+
+# PYTHONPATH differences are judged by shadowing (above); the rest of these are read by Python, torch, OpenMP,
+# MKL or the allocator when they load.
+IMPORT_TIME_VARIABLES = ("PYTHONHOME", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONWARNINGS",
+                         "PYTHONDONTWRITEBYTECODE", "PYTHONMALLOC", "TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "GOMP_",
+                         "OPENBLAS", "CUDA", "NCCL", "LD_", "MALLOC_", "LANG", "LC_", "HYDRA", "FAIRSEQ", "NUMEXPR",
+                         "NUMPY")
+TOP_LEVEL = set()
+# Read by torch's thread pools when they first run, not at import (the pools start lazily): the child sets its
+# own count explicitly (run_child), as a fresh process would have read it.
+THREADS = {"OMP_NUM_THREADS", "MKL_NUM_THREADS"}
+# Read by torch._inductor when it loads, which the preload does not (preload() asserts it); importing it sets
+# TORCHINDUCTOR_CACHE_DIR in the caller's environment, so a caller that has run a compiled test differs there.
+LAZY = ("TORCHINDUCTOR_",)
+
+
+def run_child(req, fds):
+    """In the forked child: become the caller's process, run its program, and leave by raising SystemExit (or
+    its exception) out of main(), so that the interpreter ends it as it ends any program."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(req["cwd"])
+    os.umask(req["umask"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    import tempfile
+    tempfile.tempdir = None  # recomputed from the caller's TMPDIR
+    import torch
+    torch.set_num_threads(int(req["env"]["OMP_NUM_THREADS"]))  # the count a fresh torch reads from it
+    # a fresh process's global generators are seeded from the OS at start-up, each its own: not the server's
+    import random
+    import numpy
+    random.seed()
+    numpy.random.seed()
+    torch.seed()
+    import runpy
+    sys.argv, sys.orig_argv = req["argv"], req["orig_argv"]
+    if req["module"]:
+        sys.path[:] = [req["cwd"]] + req["path"]
+        runpy._run_module_as_main(req["module"], alter_argv=True)
+    else:
+        sys.path[:] = [os.path.dirname(os.path.realpath(req["script"]))] + req["path"]
+        runpy.run_path(req["script"], run_name="__main__")
+
+
+def main():
+    path, cpu_file = sys.argv[1], sys.argv[2]
+    preload()
+    TOP_LEVEL.update(n.split(".")[0] for n, m in sys.modules.items() if getattr(m, "__file__", None))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".tmp")
+    os.rename(path + ".tmp", path)  # callers see the socket only once everything is loaded
+    listener.listen(16)
+    parent, cpu = os.getppid(), 0.0
+    children = {}  # pidfd -> [pid, the caller's connection, None once it closed]
+    while os.getppid() == parent:
+        callers = [c for _, c in children.values() if c is not None]
+        ready, _, _ = select.select([listener, *children, *callers], [], [], 1.0)
+        for r in ready:
+            if r is listener:
+                conn, _ = listener.accept()
+                try:
+                    req, fds = recv_request(conn)
+                except (OSError, ValueError, struct.error):
+                    conn.close()
+                    continue
+                why = compatible(req)
+                if why:
+                    for fd in fds:
+                        os.close(fd)
+                    conn.sendall(b"FRESH " + why.encode()[:200] + b"\n")
+                    conn.close()
+                    continue
+                sys.stdout.flush(), sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    for fd, (_, c) in children.items():
+                        os.close(fd)
+                        if c is not None:
+                            c.close()
+                    conn.close()
+                    children.clear()
+                    run_child(req, fds)
+                    return  # the program returned: exit 0, as `python script` does
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(f"PID {pid}\n".encode())
+                children[os.pidfd_open(pid)] = [pid, conn]
+            elif isinstance(r, int):  # a child ended
+                pid, conn = children.pop(r)
+                os.close(r)
+                _, status, usage = os.wait4(pid, 0)
+                cpu += usage.ru_utime + usage.ru_stime
+                with open(cpu_file + ".tmp", "w") as f:
+                    f.write(f"{cpu:.3f}\n")
+                os.replace(cpu_file + ".tmp", cpu_file)  # before the caller hears: its test counts this child
+                if conn is not None:
+                    try:
+                        conn.sendall(f"EXIT {status}\n".encode())
+                    except OSError:
+                        pass
+                    conn.close()
+            else:  # a caller's connection reads only when the caller died before its child: so does the child
+                for entry in children.values():
+                    if entry[1] is r:
+                        try:
+                            os.kill(entry[0], 9)
+                        except ProcessLookupError:
+                            pass
+                        r.close()
+                        entry[1] = None
+    for pid, _ in children.values():  # the worker is gone: so are its tests
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+if __name__ == "__main__":
+    main()
