@@ -118,3 +118,38 @@ def test_what_torch_reads_only_later_does_not_stop_a_hand_over(server, tmp_path)
     assert json.loads(later.stdout)["preloaded"]
     at_import = probe(tmp_path, preload=True, extra_env={"PYTHONHASHSEED": "123"})
     assert not json.loads(at_import.stdout)["preloaded"]
+
+
+def test_a_lock_the_caller_holds_stays_held_while_the_program_runs(server, tmp_path):
+    """multi30k_study.sh takes a lock on a descriptor of its own and its Python children inherit it: handed over,
+    the program no longer holds that descriptor, its caller does, until the program ends."""
+    probe(tmp_path, preload=True)  # writes the script
+    check = tmp_path / "scripts" / "lock_check.py"
+    check.write_text('import fcntl, json, sys\npreloaded = "torch" in sys.modules\n'
+                     'f = open(sys.argv[1], "a")\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n'
+                     '    held = False\nexcept BlockingIOError:\n    held = True\n'
+                     'print(json.dumps({"preloaded": preloaded, "held": held}))\n')
+    lock = tmp_path / ".lock"
+    for preload in (True, False):
+        e = {**env(), "OMP_NUM_THREADS": "1"}
+        if not preload:
+            e.pop("PRELOAD_SOCKET", None)
+        proc = subprocess.run(["bash", "-c", f'exec {{fd}}> "{lock}"; flock "$fd"; "{sys.executable}" "{check}" "{lock}"'],
+                              env=e, capture_output=True, text=True, timeout=120)
+        assert json.loads(proc.stdout) == {"preloaded": preload, "held": True}, proc.stderr[-2000:]
+
+
+def test_a_program_in_a_process_group_of_its_own_starts_fresh(server, tmp_path):
+    """A caller started in a new session (scripts/tooling/supervise.py, a test's start_new_session) is signalled as
+    a group, which a forked child outside that group would not get: it starts fresh, and killpg ends it."""
+    probe(tmp_path, preload=True)  # writes the script
+    script = tmp_path / "scripts" / "probe.py"
+    proc = subprocess.Popen([sys.executable, str(script), "--sleep"], env={**env(), "OMP_NUM_THREADS": "1"},
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout.readline() == "ready\n"
+    children = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert children == [str(proc.pid)], children  # the program itself, in its group: not a server's child
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL

@@ -60,6 +60,8 @@ def compatible(req):
         return "another interpreter"
     if req["flags"] != list(sys.flags):
         return "interpreter flags"
+    if req["pgid"] != os.getpgid(0):  # started in a group or session of its own (supervise.py, start_new_session):
+        return "another process group (a signal to that group must reach the program and its children)"
     def read_at_import(k):
         return k.startswith(IMPORT_TIME_VARIABLES) and k not in THREADS and not k.startswith(LAZY)
 

@@ -1,8 +1,7 @@
 """A Python process the suite starts hands itself to its worker's fork server (server.py) when it runs one of the
 fairseq commands (`fairseq-train`, `python -m fairseq_cli.generate`, ...) or this project's scripts and modules
-(`scripts/**.py`, `python -m fairseq_plugins ...`), with no interpreter option, no tty and no descriptor beyond the
-three standard ones; anything else, or a server that says the process would import differently, starts as usual.
-Set up by tests/conftest.py (PRELOAD_SOCKET); a test that needs fresh interpreters asks for them by its module
+(`scripts/**.py`, `python -m fairseq_plugins ...`), with no interpreter option and no tty; anything else, or a
+server that says the process would import differently, starts as usual. Set up by tests/conftest.py (PRELOAD_SOCKET); a test that needs fresh interpreters asks for them by its module
 (conftest.FRESH_MODULES) or PRELOAD=0 turns the server off. Only the cheap built-in modules are imported here."""
 import os
 
@@ -37,13 +36,14 @@ def _hand_over(path):
     program = _program(sys.orig_argv)
     if program is None or any(os.isatty(fd) for fd in (0, 1, 2)):
         return _log("not a program handed over" if program is None else "a tty")
-    if len(set(os.listdir("/proc/self/fd")) - {"0", "1", "2"}) > 1:
-        return _log(f"descriptors {os.listdir('/proc/self/fd')}")  # a descriptor the program may be meant to use (beside the listing's own)
+    # Descriptors beyond the standard three stay with this process, which holds them open until the program ends:
+    # a lock a script took (multi30k_study.sh's `exec {lock}>`) stays held, a pipe's end stays open. The program
+    # cannot use them itself; none that the tests start is handed one to use (subprocess closes the rest).
     umask = os.umask(0o022)
     os.umask(umask)
     req = {"argv": sys.argv, "orig_argv": sys.orig_argv, "cwd": os.getcwd(), "env": dict(os.environ),
            "path": sys.path, "prefix": sys.prefix, "executable": sys.executable, "flags": list(sys.flags),
-           "umask": umask, "module": program[1] if program[0] == "module" else None,
+           "umask": umask, "pgid": os.getpgid(0), "module": program[1] if program[0] == "module" else None,
            "script": program[1] if program[0] == "script" else None}
     data = json.dumps(req).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
