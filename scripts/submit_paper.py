@@ -207,17 +207,18 @@ def config_data(cell):
 
 def data_refusal(args, cell, evaluated):
     """One line naming a data folder that a cell's jobs would not find, or None."""
+    own = config_data(cell)
     train = next((o.split("=", 1)[1] for o in reversed(args.override)
                   if o.split("=", 1)[0].lstrip("+") == "task.data"), None)
-    train = Path(train) if train else config_data(cell)
+    train = Path(train) if train else own
     if not train.is_dir():
         how = (f"bash scripts/prepare_wmt14.sh {cells.CELL.fullmatch(cell).group('pair').replace('_', '-')} makes it"
-               if train == config_data(cell) else "from --override task.data")
+               if train == own else "from --override task.data")
         return f"{cell}: no data folder {shown(train)} ({how}; or --override task.data=DIR)"
     if evaluated:
         words = shlex.split(args.eval_args)
         given = words[words.index("--data-dir") + 1] if "--data-dir" in words[:-1] else None
-        folder = Path(given) if given else config_data(cell).parent
+        folder = Path(given) if given else own.parent
         if not folder.is_dir():
             return (f"{cell}: its evaluation finds no data folder {shown(folder)} "
                     f"({'from --eval-args --data-dir' if given else 'the folder above the config task.data'}; pass "
