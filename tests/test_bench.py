@@ -2,6 +2,7 @@
 a bound on a timing: the machine running the tests is shared)."""
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -369,3 +370,51 @@ def test_a_regime_run_cut_short_leaves_the_groups_it_measured(tmp_path, monkeypa
     assert report["partial"] == "tiny fp32 512 still to run"
     assert {(r["model"], r["max_tokens"]) for r in report["rows"]} == {("transformer", 384), ("rope", 384)}
     assert "**PARTIAL**: tiny fp32 512 still to run" in out_md.read_text()
+
+
+def test_count_ops_of_the_users_update_names_every_sync(tmp_path):
+    """--count-ops --regime: fairseq's Trainer.train_step counted per precision; --train-flags reaches every
+    model's trainer (--fused-update: the trainer's per-update reads of its metrics are gone)."""
+    rows = {}
+    for flags in ("", "--fused-update --adam-impl torch"):
+        out_json, out_md = tmp_path / "u.json", tmp_path / "u.md"
+        run([sys.executable, "scripts/bench/bench.py", "--count-ops", "--regime", "--quick", "--silent",
+             "--precision", "fp32,bf16", "--max-tokens", "1024", "--models", "relative", f"--train-flags={flags}",
+             "--out-json", str(out_json), "--out-md", str(out_md)])
+        res = json.loads(out_json.read_text())
+        assert res["settings"]["update_flags"] == flags.split()
+        assert "| tiny | bf16 | 1,024 | relative |" in out_md.read_text()
+        rows[flags] = {(r["precision"], r["model"]): r for r in res["rows"]}
+    default, fused = rows.values()
+    assert default.keys() == fused.keys() == {(p, m) for p in ("fp32", "bf16") for m in ("transformer", "relative")}
+    for key, r in default.items():
+        assert any("fairseq/logging/meters.py" in site for site in r["sync_sites"]), r["sync_sites"]
+        assert not any("fairseq/logging/meters.py" in site for site in fused[key]["sync_sites"])
+        assert fused[key]["ops"] < r["ops"] and fused[key]["syncs"] < r["syncs"]
+
+
+@pytest.mark.slow
+def test_the_speed_checks_dry_run_writes_its_figures(tmp_path):
+    """scripts/gpu/speed_check.sh --dry-run: the device script's every step on CPU at tiny dims: both updates' regime
+    runs (JSON, with the first group's profile), the tiny recipe alone and two processes side by side counting their
+    updates, CUDA MPS's fallback where it cannot start, and the tables."""
+    out = tmp_path / "out"
+    proc = run(["bash", "scripts/gpu/speed_check.sh", "--dry-run", "--out-dir", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["regime_tiny_default.json", "regime_tiny_fused.json",
+                                                    "speed_check.md", "tiny_rates.json"]
+    md = (out / "speed_check.md").read_text()
+    assert md.strip() in proc.stdout and "tiny default: ok" in md and "tiny fused: ok" in md
+    for variant, flags in (("default", []), ("fused", ["--fused-update", "--adam-impl", "torch"])):
+        res = json.loads((out / f"regime_tiny_{variant}.json").read_text())
+        assert res["settings"]["train_flags"] == " ".join(flags) and res["profiles"]["models"]
+        assert {(r["precision"], r["model"]) for r in res["rows"]} == {
+            (p, m) for p in ("bf16", "amp") for m in ("transformer", "relative")}
+    for row in ("| tiny | bf16 | 512 | transformer |", "| tiny | amp | 512 | relative |"):
+        assert row in md
+    rates = json.loads((out / "tiny_rates.json").read_text())
+    alone, side_by_side, mps = rates["rows"]
+    assert alone["processes"] == 1 and side_by_side["processes"] == 2 and not alone["errors"]
+    assert alone["updates"] > 0 and side_by_side["updates"] > 0  # every process counted its updates in the window
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        assert rates["mps"].startswith("not started: ") and mps["skipped"] == rates["mps"]
+        assert f"CUDA MPS: {rates['mps']}" in md

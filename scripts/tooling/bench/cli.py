@@ -25,6 +25,7 @@ from tooling.atomic import write_text
 from tooling.bench.phases import run
 from tooling.bench.models import ARCHS, SCHEME_NAMES
 from tooling.bench.ops import count_ops
+from tooling.bench.update_ops import count_update_ops, update_ops_markdown
 from tooling.bench.timing import CLOCKS, parse_lengths
 from tooling.bench.regime import PRECISIONS, check_args, run_regime
 from tooling.bench.report import markdown, ops_markdown, regime_markdown
@@ -69,7 +70,9 @@ def main(argv=None, command=None):
     p.add_argument("--profile-top", type=int, default=15)
     p.add_argument("--count-ops", action="store_true",
                    help="count operators and host syncs (no timing) of one update per model and of FLOATER's solve; "
-                        "writes results/bench/bench_ops.json/.md unless --out-json/--out-md are given")
+                        "writes results/bench/bench_ops.json/.md unless --out-json/--out-md are given; with --regime: "
+                        "of fairseq's Trainer.train_step per precision, each sync named "
+                        "(results/bench/bench_update_ops.*)")
     r = p.add_argument_group("the users' regime (--regime; verified on CPU at tiny dims only, not yet run on a GPU)")
     r.add_argument("--regime", action="store_true",
                    help="a newstest2014-like length mix batched as fairseq-train batches it, fairseq's Trainer, "
@@ -86,6 +89,9 @@ def main(argv=None, command=None):
     r.add_argument("--decode-max-tokens", type=int, default=8000,
                    help="source tokens per decoding batch (scripts/evaluate.sh's --max-tokens)")
     r.add_argument("--decode-batches", type=int, default=2, help="timed decoding batches of each model")
+    r.add_argument("--train-flags", default="",
+                   help="fairseq-train flags added to every model's, one shell-quoted string after '=' "
+                        "(--train-flags='--fused-update --adam-impl torch')")
     r.add_argument("--profile-update", action="store_true",
                    help="after the timed updates of the first group, profile one more update of each model "
                         "(torch.profiler: its top operators by self time, --profile-top of them) into the report")
@@ -97,7 +103,9 @@ def main(argv=None, command=None):
     args = p.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
     args.command = command or " ".join(shlex.quote(a) for a in ["scripts/bench/bench.py", *given])
-    stem = "bench_ops" if args.count_ops else "bench_regime" if args.regime else "bench"
+    args.update_flags = shlex.split(args.train_flags)
+    stem = "bench_update_ops" if args.count_ops and args.regime else "bench_ops" if args.count_ops else \
+        "bench_regime" if args.regime else "bench"
     args.out_json = args.out_json or str(REPO / "results" / "bench" / f"{stem}.json")
     args.out_md = args.out_md or str(REPO / "results" / "bench" / f"{stem}.md")
     if args.regime:
@@ -147,6 +155,12 @@ def main_regime(p, args):
     if args.clock is None:
         args.clock = "cpu" if args.device == "cpu" else "wall"
     check_args(args)
+    if args.count_ops:
+        res = relativize(count_update_ops(args))
+        for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, update_ops_markdown(res))):
+            write_text(Path(path), text)
+        print(update_ops_markdown(res))
+        return
 
     def write(res):
         res = relativize(res)

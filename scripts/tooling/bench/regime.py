@@ -156,7 +156,7 @@ def run_regime(args, progress=None):
         specs = model_specs(dims, args.floater_every, archs=regime_archs(dims))
         names = [n for n in specs if n == BASELINE or n in args.models.split(",")]
         for precision in args.precision.split(","):
-            trainers = {n: build_trainer(specs[n][0], specs[n][1], precision, dictionary, device, args.seed)
+            trainers = {n: build_trainer(specs[n][0], specs[n][1] + list(getattr(args, "update_flags", [])), precision, dictionary, device, args.seed)
                         for n in names}
             params = {n: sum(p.numel() for p in t.model.parameters()) for n, t in trainers.items()}
             for max_tokens in (int(x) for x in str(args.max_tokens).split(",")):
@@ -242,7 +242,7 @@ def measure(args, trainers, names, dictionary, pairs, dims, precision, max_token
 
 def settings(args):
     keys = ("device", "dims", "precision", "max_tokens", "models", "warmup", "updates", "update_freq", "vocab", "seed",
-            "clock", "profile_update",
+            "clock", "profile_update", "train_flags",
             "threads", "decode_max_tokens", "decode_batches", "no_decode", "quick")
     return {k: getattr(args, k) for k in keys if hasattr(args, k)}
 

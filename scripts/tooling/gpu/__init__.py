@@ -1,4 +1,5 @@
-"""The GPU check (scripts/gpu/gpu_check.py) and the GPU campaign (scripts/gpu/campaign.py).
+"""The GPU check (scripts/gpu/gpu_check.py), the speed check (scripts/gpu/speed_check.py) and the GPU campaign
+(scripts/gpu/campaign.py).
 
     common          the check's sections, caps and bounds, and its small helpers
     sections        each section run in its own process under its cap: machine, precision, bench, invariance
@@ -7,4 +8,5 @@
     wmt14_stand_in  that stand-in: newstest2014's lengths, made-up words
     verdicts        the check's report (markdown, json) and its verdicts
     campaign_jobs   the campaign's runs, jobs, concurrency, archives and manifest
+    mps             CUDA MPS started and stopped for a call's many processes on one GPU
 """

@@ -1,0 +1,256 @@
+"""The training update's speed on one GPU, fairseq's default update against --fused-update --adam-impl torch, in one
+call (scripts/gpu/speed_check.sh sets up from the bundle and runs this; docs/benchmarks.md).
+
+In order, each given what is left of --budget seconds (counted from the set-up's start), so a call cut short keeps
+what it measured:
+1. base dims: scripts/bench/bench.py --regime (fairseq's Trainer on newstest2014's length mix) in bf16, fp16 and
+   amp at 8,192 and 16,384 tokens, 20 timed updates after 3, fairseq's Transformer and Shaw's model, once with
+   fairseq's default update and once with the fused one, one update of each profiled (torch.profiler's top
+   operators) in the first group; each bench call writes its JSON after every group;
+2. the study's tiny recipe (transformer_tiny with scripts/study/multi30k_study.sh's MODEL_ARGS, fp32, 4,096 tokens,
+   fairseq's Trainer): its updates/s alone and 16 processes side by side (one thread each), default and fused,
+   side by side once without and once with CUDA MPS (`nvidia-cuda-mps-control -d`, its pipe and log folders in a
+   scratch folder, stopped at the end; where it does not start the report says why);
+3. big dims as 1.
+
+Writes to --out-dir: regime_{dims}_{default,fused}.json, tiny_rates.json and speed_check.md (tokens/s side by side
+and the speed-up; the tiny rates), seven files at most. --dry-run: on CPU at tiny dims, one update per group, two
+processes side by side for two seconds (checks the script; no figure).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+from tooling.gpu import mps as mps_service  # noqa: E402
+
+FUSED = "--fused-update --adam-impl torch"
+VARIANTS = {"default": "", "fused": FUSED}
+
+
+def bench_args(dims, variant, out_json, out_md, dry_run):
+    args = ["--regime", "--dims", dims, "--precision", "bf16,fp16,amp", "--models", "relative", "--no-decode",
+            f"--train-flags={VARIANTS[variant]}", "--out-json", str(out_json), "--out-md", str(out_md), "--silent"]
+    if dims in ("base", "tiny"):  # where the time of one update goes (tiny: the dry run's)
+        args += ["--profile-update", "--profile-top", "15"]
+    if dry_run:
+        return args + ["--device", "cpu", "--max-tokens", "512", "--updates", "1", "--warmup", "0", "--vocab", "1000",
+                       "--threads", "1", "--precision", "bf16,amp"]
+    return args + ["--device", "cuda", "--max-tokens", "8192,16384", "--updates", "20", "--warmup", "3"]
+
+
+# ---- the tiny recipe's updates/s, alone and side by side, with and without CUDA MPS -------------------------------
+
+TINY_TOKENS = 4096
+SIDE_BY_SIDE = 16
+
+
+def study_model_args():
+    """The study's model: MODEL_ARGS of scripts/study/multi30k_study.sh (the campaign trains it)."""
+    text = (REPO / "scripts" / "study" / "multi30k_study.sh").read_text()
+    start = text.index('MODEL_ARGS=${MODEL_ARGS:-"') + len('MODEL_ARGS=${MODEL_ARGS:-"')
+    return text[start:text.index('"}', start)].replace("\\\n", " ").split()
+
+
+START_UP_S = 25  # a process's start-up and warm-up before the counted window (plus 2 s per process beside it)
+DRY = {"seconds": 2, "processes": 2, "tokens": 512, "start_up_s": 10}
+
+
+def tiny_worker(args):
+    """One process: the tiny recipe's Trainer; updates counted from --t0 for --seconds (a JSON line to --out)."""
+    import time as clock
+
+    import torch
+
+    torch.set_num_threads(1)
+    from tooling.bench import length_mix
+    from tooling.bench.models import synthetic_dictionary
+    from tooling.bench.regime import build_trainer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dictionary = synthetic_dictionary(10000)
+    batches, _, _ = length_mix.corpus(length_mix.load_pairs(), dictionary, args.tokens, 16, args.seed)
+    flags = study_model_args() + (VARIANTS[args.variant].split())
+    trainer = build_trainer("transformer_tiny", flags, "fp32", dictionary, device, args.seed)
+    for b in batches[:3]:  # warm-up: Adam's state, lazily built buffers
+        trainer.train_step([b])
+    if device == "cuda":
+        torch.cuda.synchronize()
+    while clock.time() < args.t0:
+        clock.sleep(0.005)
+    done, i = 0, 0
+    while clock.time() < args.t0 + args.seconds:
+        trainer.train_step([batches[i % len(batches)]])
+        i += 1
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if clock.time() <= args.t0 + args.seconds:
+            done += 1
+    Path(args.out).write_text(json.dumps({"updates": done, "seconds": args.seconds}))
+
+
+def tiny_rate(variant, processes, seconds, env, scratch, tag, tokens, start_up_s):
+    """Total updates/s of `processes` tiny-recipe trainers started together (each one thread), counted over the same
+    `seconds` once all have warmed up."""
+    t0 = time.time() + start_up_s + 2 * processes  # start-up and warm-up of every process first
+    procs, outs = [], []
+    for rank in range(processes):
+        out = scratch / f"{tag}_{rank}.json"
+        outs.append(out)
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "tiny-worker", "--variant", variant, "--seed", str(rank + 1), "--t0", str(t0),
+             "--seconds", str(seconds), "--tokens", str(tokens), "--out", str(out)],
+            cwd=REPO, env={**(env or os.environ), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    errors = []
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=max(5, t0 + seconds + 60 - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        if proc.returncode:
+            errors.append((err.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200])
+    updates = sum(json.loads(o.read_text())["updates"] for o in outs if o.is_file())
+    return {"variant": variant, "processes": processes, "seconds": seconds, "updates": updates,
+            "updates_per_s": round(updates / seconds, 1), "mps": env is not None, "errors": errors}
+
+
+def tiny_rates(out_dir, dry_run, scratch, deadline):
+    """tiny_rates.json: alone (default, fused), side by side without and with MPS."""
+    if dry_run:  # every path once: alone, side by side, MPS (absent on CPU: its fallback)
+        seconds, tokens, start_up_s = DRY["seconds"], DRY["tokens"], DRY["start_up_s"]
+        plan = [("fused", 1, False), ("fused", DRY["processes"], False), ("fused", DRY["processes"], True)]
+    else:
+        seconds, tokens, start_up_s = 15, TINY_TOKENS, START_UP_S
+        plan = [("default", 1, False), ("fused", 1, False), ("default", SIDE_BY_SIDE, False),
+                ("fused", SIDE_BY_SIDE, False), ("default", SIDE_BY_SIDE, True), ("fused", SIDE_BY_SIDE, True)]
+    result = {"model": "transformer_tiny " + " ".join(study_model_args()), "precision": "fp32", "tokens": tokens,
+              "rows": [], "mps": None}
+    mps_env = None
+    try:
+        for variant, processes, mps in plan:
+            if time.time() + start_up_s + 2 * processes + seconds + 15 > deadline:
+                result["rows"].append({"variant": variant, "processes": processes, "mps": mps,
+                                       "skipped": "budget spent"})
+                continue
+            if mps and mps_env is None and result["mps"] is None:
+                mps_env, why = mps_service.start(scratch)
+                result["mps"] = "started" if mps_env else f"not started: {why}"
+            if mps and mps_env is None:
+                result["rows"].append({"variant": variant, "processes": processes, "mps": mps,
+                                       "skipped": result["mps"]})
+                continue
+            row = tiny_rate(variant, processes, seconds, mps_env if mps else None, scratch,
+                            f"{variant}_{processes}_{int(mps)}", tokens, start_up_s)
+            result["rows"].append(row)
+            print(f"speed_check: tiny {variant} x{processes}{' MPS' if mps else ''}: {row['updates_per_s']} updates/s",
+                  file=sys.stderr, flush=True)
+            (out_dir / "tiny_rates.json").write_text(json.dumps(result, indent=1) + "\n")
+    finally:
+        if mps_env is not None:
+            mps_service.stop(mps_env)
+    (out_dir / "tiny_rates.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def summary(out_dir, runs, started, setup_s):
+    """speed_check.md: per (dims, precision, tokens, model) tokens/s of the default and the fused update."""
+    rows = {}
+    for (dims, variant), status in runs.items():
+        path = out_dir / f"regime_{dims}_{variant}.json"
+        if not path.is_file():
+            continue
+        for r in json.loads(path.read_text())["rows"]:
+            key = (r["dims"], r["precision"], r["max_tokens"], r["model"])
+            rows.setdefault(key, {})[variant] = r["tokens_per_s"]
+    lines = ["# The training update's speed: fairseq's default update and --fused-update --adam-impl torch", "",
+             f"Set-up {setup_s or 0} s; measured {time.time() - started:.0f} s. Each bench call: "
+             + "; ".join(f"{d} {v}: {s}" for (d, v), s in runs.items()), "",
+             "| dims | precision | max tokens | model | default tokens/s | fused tokens/s | speed-up |",
+             "|---|---|---:|---|---:|---:|---:|"]
+    for (dims, precision, tokens, model), v in rows.items():
+        a, b = v.get("default"), v.get("fused")
+        ratio = f"{b / a:.2f}×" if a and b else "—"
+        lines.append(f"| {dims} | {precision} | {tokens:,} | {model} | {a and f'{a:,.0f}' or '—'} | "
+                     f"{b and f'{b:,.0f}' or '—'} | {ratio} |")
+    tiny = out_dir / "tiny_rates.json"
+    if tiny.is_file():
+        t = json.loads(tiny.read_text())
+        lines += ["", f"The tiny recipe ({t['model']}, {t['precision']}, {t['tokens']:,} tokens), total updates/s; "
+                  f"CUDA MPS: {t['mps'] or 'not asked for'}", "",
+                  "| update | processes | MPS | updates/s |", "|---|---:|---|---:|"]
+        for r in t["rows"]:
+            value = r.get("skipped") or f"{r['updates_per_s']:,.1f}" + (f" ({len(r['errors'])} failed: "
+                                                                         f"{r['errors'][0]})" if r["errors"] else "")
+            lines.append(f"| {r['variant']} | {r['processes']} | {'yes' if r['mps'] else 'no'} | {value} |")
+    text = "\n".join(lines) + "\n"
+    tmp = out_dir / "speed_check.md.tmp"
+    tmp.write_text(text)
+    tmp.replace(out_dir / "speed_check.md")
+    return text
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tiny-worker"]:
+        w = argparse.ArgumentParser()
+        for flag, kind in (("--variant", str), ("--seed", int), ("--t0", float), ("--seconds", float),
+                           ("--tokens", int), ("--out", str)):
+            w.add_argument(flag, type=kind, required=True)
+        return tiny_worker(w.parse_args(argv[1:]))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--budget", type=float, default=420, help="seconds for the call, set-up included (default 420)")
+    p.add_argument("--dry-run", action="store_true", help="on CPU at tiny dims (checks the script)")
+    args = p.parse_args(argv)
+    started = float(os.environ.get("SPEED_CHECK_STARTED") or time.time())
+    setup_s = os.environ.get("SPEED_CHECK_SETUP_SECONDS")
+    deadline = started + args.budget - 10  # 10 s for the summary
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.dry_run:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("speed_check.py: no CUDA device (on CPU: --dry-run)")
+    steps = [("tiny", v) for v in VARIANTS] + [("rates", None)] if args.dry_run else \
+        [("base", v) for v in VARIANTS] + [("rates", None)] + [("big", v) for v in VARIANTS]
+    runs = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        for dims, variant in steps:
+            if dims == "rates":
+                rates = tiny_rates(out_dir, args.dry_run, scratch, deadline)
+                runs["tiny", "rates"] = "ok" if all(not r.get("errors") for r in rates["rows"]) else "failed"
+                summary(out_dir, runs, started, setup_s)
+                continue
+            left = deadline - time.time()
+            if left < 20:
+                runs[dims, variant] = "not run (budget spent)"
+                continue
+            out_json = out_dir / f"regime_{dims}_{variant}.json"
+            cmd = [sys.executable, str(REPO / "scripts" / "bench" / "bench.py"),
+                   *bench_args(dims, variant, out_json, scratch / f"{dims}_{variant}.md", args.dry_run)]
+            t0 = time.time()
+            try:
+                proc = subprocess.run(cmd, cwd=REPO, timeout=left, capture_output=True, text=True)
+                status = "ok" if proc.returncode == 0 else \
+                    f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1][:200]}"
+            except subprocess.TimeoutExpired:
+                status = "cut at the budget (the groups it finished are kept)"
+            runs[dims, variant] = f"{status}, {time.time() - t0:.0f} s"
+            print(f"speed_check: {dims} {variant}: {runs[dims, variant]}", file=sys.stderr, flush=True)
+            summary(out_dir, runs, started, setup_s)
+    print(summary(out_dir, runs, started, setup_s))
+    return 0 if all(s.startswith("ok") for s in runs.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
