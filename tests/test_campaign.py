@@ -68,6 +68,43 @@ def test_concurrency_is_the_fastest_level_at_which_a_run_still_fits():
     assert cp.choose(measured, 100, job, recipe, 90) is None
 
 
+def single_jobs(n):
+    return [{"models": ["relative"], "runs": [f"relative.seed{i}"]} for i in range(n)]
+
+
+def test_the_plan_finishes_the_default_condition_in_one_call_at_the_goals_rate():
+    """At the issue's goal (about 1,400 training updates/s in total on one H200, here 16 runs side by side under MPS
+    at 90 updates/s each) a call of 560 s less 80 s of set-up and data finishes 48 runs of 8,060 updates with their
+    evaluation (20 s each): three rounds of 16. Without MPS at today's measured 76.6 updates/s in total nothing fits,
+    as the first real call found."""
+    jobs, recipe = single_jobs(48), cp.RECIPE
+    today = {1: 15.2, 4: 52.2, 8: 71.0, 12: 75.6, 16: 76.6}
+    goal = {1: 100.0, 16: 16 * 90.0}
+    best = cp.plan_call(jobs, {"without MPS": today, "with MPS": goal}, 480, recipe, 20, most=16)
+    assert (best["name"], best["level"], best["runs"], best["left"]) == ("with MPS", 16, 48, [])
+    assert max(end for _, _, end in best["planned"]) <= 480
+    assert cp.plan_call(jobs, {"without MPS": today}, 480, recipe, 20, most=16) is None
+
+
+def test_the_plan_never_starts_a_run_it_cannot_finish_and_keeps_the_order():
+    """Every planned job ends before the deadline; the first job that would not is left with all after it (in the
+    manifest's order, for the next call); the level chosen finishes the most runs, not the most updates/s."""
+    recipe = cp.RECIPE  # 8,060 updates a run from scratch
+    jobs = single_jobs(10)
+    measured = {1: 60.0, 4: 200.0, 8: 320.0}  # per run: 60, 50, 40 updates/s: 134 s + 10, 161 + 10, 202 + 10
+    for seconds_left in (100, 300, 450, 700):
+        for level, rate in measured.items():
+            planned, left = cp.schedule(jobs, level, rate / level, seconds_left, recipe, 10)
+            assert all(end <= seconds_left for _, _, end in planned)
+            assert [j for j, _, _ in planned] + left == jobs  # in order, nothing skipped
+    best = cp.plan_call(jobs, {"t": measured}, 450, recipe, 10)
+    # 8 side by side: 8 runs by 212 s, two more by 424 s: all 10; 4: 4 per 171 s, 8 by 342 s, 2 left
+    assert (best["level"], best["runs"], best["left"]) == (8, 10, [])
+    best = cp.plan_call(jobs, {"t": measured}, 300, recipe, 10)
+    assert (best["level"], best["runs"]) == (8, 8) and len(best["left"]) == 2
+    assert cp.plan_call(jobs, {"t": measured}, 100, recipe, 10) is None  # no run fits: the call says so
+
+
 def files(tmp_path, sizes):
     out = []
     for i, n in enumerate(sizes):
@@ -155,6 +192,12 @@ def test_dry_run_call_then_ingest(tmp_path):
     assert [(r["run"], r["status"]) for r in report["runs"]] == [
         ("transformer.seed1", "finished"), ("floater_warm.seed1", "finished"), ("transformer_ft.seed1", "finished")]
     assert set(report["measured"]) == {"1", "2"} and report["concurrency"] in (1, 2)
+    if shutil.which("nvidia-cuda-mps-control") is None:  # CPU: MPS cannot start; the call runs without and says why
+        assert report["mps"].startswith("not started: ") and report["measured_mps"] is None
+        assert report["plan"]["table"] == "without MPS"
+    assert report["plan"]["predicted_runs"] == 3 and report["plan"]["jobs_left"] == 0
+    md = (out / "campaign.md").read_text()
+    assert "MPS not started: " in md and "Planned: 3 runs in 1 jobs" in md and "finished: 3 runs" in md
     sent = list(out.iterdir())
     assert len(sent) <= cp.MAX_FILES and all(f.stat().st_size <= 16 * 2**20 for f in sent)
     for f in sent:  # no path of this machine in what comes back

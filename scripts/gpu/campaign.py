@@ -7,12 +7,16 @@ side by side on one GPU, inside calls of at most 9.5 minutes that keep nothing o
     python scripts/gpu/campaign.py ingest DIR --lease L # here: what a call brought back into results/multi30k_gpu/
     python scripts/gpu/campaign.py run --dry-run --out-dir DIR --manifest M --results R   # the call on CPU, tiny
 
-A call (`run`): prepares the data (scripts/study/multi30k_study.sh, PREPARE_ONLY=1; skipped when carried), then,
-at the first lease only, measures the total training updates/s of 1, 4, 8, 12 and 16 runs side by side (one CPU
-thread each: a few seconds each, ~1 minute together) and keeps the level at which a run still finishes in the call
-with the most updates/s; later leases reuse that measurement (--measure measures again). It starts the manifest's
-jobs in order, as many side by side, each only if its predicted time fits before the deadline (--budget from the
-call's start, set-up included, less the packing), each job one recipe process (JOBS=1, THREADS=1, DEVICE=cuda,
+A call (`run`): prepares the data (scripts/study/multi30k_study.sh, PREPARE_ONLY=1; skipped when carried), starts
+CUDA MPS's daemon for the call (its folders in the call's work folder, stopped at the end; where it cannot start the
+report says why and the call runs without it; --no-mps: without), then, at the first lease only, measures the total
+training updates/s of 1, 4, 8, 12 and 16 runs side by side (one CPU thread each: a few seconds each, ~1 minute
+together), without MPS and with it; later leases reuse those measurements (--measure measures again). The plan
+(campaign_jobs.plan_call): of every measured level with and without MPS, the one whose schedule finishes the most
+runs before the deadline, each job predicted from its updates at that level's rate per run plus its evaluation, in
+the manifest's order, none started that would not finish. It starts the manifest's jobs in order, as many side by
+side (as MPS clients if the plan is MPS's), each only if its predicted time fits before the deadline (--budget from
+the call's start, set-up included, less the packing), each job one recipe process (JOBS=1, THREADS=1, DEVICE=cuda,
 its runs averaged, decoded, probed and scored by the recipe), kills what is still running at the deadline, and
 packs every run it finished into at most 6 archives of at most 15.5 MiB (results, hypotheses, probes, logs; no
 checkpoint) beside campaign.json and campaign.md, which are rewritten as each job ends.
@@ -35,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the tooling library
 from tooling.gpu import campaign_jobs as cp
+from tooling.gpu import mps
 from tooling.atomic import write_json, write_text
 from tooling.supervise import kill_group, start_group
 
@@ -103,7 +108,9 @@ class Call:
         self.report = {"dry_run": args.dry_run, "code": os.environ.get("CODE_VERSION") or git_head(),
                        "machine": machine(args.dry_run), "recipe": self.recipe, "probe": True, "budget_s": self.budget,
                        "setup_s": int(os.environ.get("CAMPAIGN_SETUP_SECONDS", 0)), "runs": [], "jobs": [],
-                       "archives": [], "measured": None, "concurrency": None, "why": None}
+                       "archives": [], "measured": None, "measured_mps": None, "mps": None, "concurrency": None,
+                       "plan": None, "why": None}
+        self.mps_vars = {}  # CUDA MPS's folders, for the processes of a call that trains under MPS
 
     def env(self, condition, **extra):
         cond_vars, sub, _ = cp.CONDITIONS[condition]
@@ -112,7 +119,7 @@ class Call:
                 "DATA_DIR": str(self.data_dir(condition)), "CKPT_ROOT": str(work / "ckpt" / condition),
                 "OUT_DIR": str(work / "out" / condition), "DEVICE": "cpu" if self.args.dry_run else "cuda",
                 "JOBS": "1", "THREADS": "1", "TABULATE": "0", "CODE_VERSION": self.report["code"],
-                "PYTHONUNBUFFERED": "1", **extra}
+                "PYTHONUNBUFFERED": "1", **self.mps_vars, **extra}
 
     def data_dir(self, condition):
         cond_vars, _, _ = cp.CONDITIONS[condition]
@@ -164,22 +171,46 @@ def run(args):
         for condition in conditions:
             prepare(call, condition)
         measured = None if args.measure else cp.measured_before(manifest)
-        if measured is None:
-            measured = measure(call, conditions[0])
-        call.report["measured"] = {str(k): v for k, v in sorted(measured.items())}
-        level = args.concurrency or cp.choose(measured, call.deadline - time.time(), jobs[0], call.recipe,
-                                              call.eval_s, most=os.cpu_count())
-        call.report["concurrency"] = level
-        if level is None:
-            call.report["why"] = ("no measured level lets a run finish before the deadline: "
-                                  + ", ".join(f"{k} side by side {v:.1f} updates/s" for k, v in measured.items()))
-            call.write()
-            log(call.report["why"])
-            return 1
-        call.report["why"] = (call.report["why"] or
-                              f"{level} side by side: the most updates/s at which a run still fits the call")
-        log(f"{level} jobs side by side (measured total updates/s: {call.report['measured']})")
-        train(call, jobs, measured[level] / level if level in measured else min(measured.values()), level)
+        measured_mps = None if args.measure else cp.measured_before(manifest, "measured_mps_updates_per_s")
+        mps_env = None
+        if args.mps:  # processes that share the GPU instead of time-slicing it; without it where it cannot start
+            mps_env, why = mps.start(call.work / "mps")
+            call.report["mps"] = "started" if mps_env else f"not started: {why}"
+            log(f"CUDA MPS {call.report['mps']}")
+        try:
+            if measured is None:
+                measured = measure(call, conditions[0])
+            if mps_env is not None and measured_mps is None:
+                measured_mps = measure(call, conditions[0], mps_vars=mps_vars(mps_env))
+            call.report["measured"] = {str(k): v for k, v in sorted(measured.items())}
+            call.report["measured_mps"] = measured_mps and {str(k): v for k, v in sorted(measured_mps.items())}
+            tables = {"without MPS": measured, **({"with MPS": measured_mps} if mps_env and measured_mps else {})}
+            if args.concurrency:  # as asked, at the rate measured for it (the slowest measured where it was not)
+                name = "with MPS" if "with MPS" in tables else "without MPS"
+                rates = tables[name]
+                tables = {name: {args.concurrency: rates.get(args.concurrency, min(rates.values()) * args.concurrency)}}
+            best = cp.plan_call(jobs, tables, call.deadline - time.time(), call.recipe, call.eval_s,
+                                most=None if args.concurrency else os.cpu_count())
+            if best is None:
+                call.report["why"] = ("no measured level lets a run finish before the deadline: " + "; ".join(
+                    f"{name}: " + ", ".join(f"{k} side by side {v:.1f} updates/s" for k, v in rates.items())
+                    for name, rates in tables.items()))
+                call.write()
+                log(call.report["why"])
+                return 1
+            level = best["level"]
+            call.report["concurrency"] = level
+            call.report["plan"] = {"table": best["name"], "level": level, "predicted_runs": best["runs"],
+                                   "predicted_jobs": len(best["planned"]), "jobs_left": len(best["left"]),
+                                   "per_run_updates_per_s": round(best["per_run_rate"], 1)}
+            call.report["why"] = (f"{level} side by side {best['name']}: the plan that finishes the most runs "
+                                  f"({best['runs']}) before the deadline")
+            call.mps_vars = mps_vars(mps_env) if best["name"] == "with MPS" else {}
+            log(f"{level} jobs side by side {best['name']}, {best['runs']} runs predicted to finish "
+                f"(measured total updates/s: {call.report['measured']}; with MPS: {call.report['measured_mps']})")
+            train(call, jobs, best["per_run_rate"], level)
+        finally:
+            mps.stop(mps_env)
         call.report["archives"] = pack_runs(call)
         call.write()
     finished = sum(r["status"] == "finished" for r in call.report["runs"])
@@ -201,9 +232,15 @@ def prepare(call, condition):
     call.report.setdefault("prepare_s", {})[condition] = round(time.time() - started)
 
 
-def measure(call, condition):
+def mps_vars(env):
+    """The variables that make a process a client of the call's MPS daemon (none without one)."""
+    return {k: env[k] for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")} if env else {}
+
+
+def measure(call, condition, mps_vars=None):
     """{level: total updates/s}: the transformer's training command, max(levels) processes started together, each
-    timing its updates in the windows where it is one of the first `level` (scripts/gpu/campaign.py probe-worker)."""
+    timing its updates in the windows where it is one of the first `level` (scripts/gpu/campaign.py probe-worker);
+    with mps_vars, as clients of the call's MPS daemon."""
     levels = [n for n in (DRY["levels"] if call.args.dry_run else cp.LEVELS) if n <= (os.cpu_count() or 1)]
     window = DRY["window"] if call.args.dry_run else WINDOW_S
     t0 = time.time() + (DRY["warmup"] if call.args.dry_run else WARMUP_S)
@@ -216,7 +253,8 @@ def measure(call, condition):
                   f"--window {window} --levels {','.join(map(str, levels))} --out {out} "
                   f"--ready {call.work / 'probe' / 'ready'} --ranks {max(levels)} --")
         env = call.env(condition, FAIRSEQ_TRAIN=worker, LR="0.005", WARMUP=call.recipe["WARMUP"], DROPOUT="0.3",
-                       MAX_TOKENS="4096", EPOCHS="1000", SEED=str(rank + 1), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+                       MAX_TOKENS="4096", EPOCHS="1000", SEED=str(rank + 1), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                       **(mps_vars or {}))
         cmd = ["bash", "scripts/train_small.sh", str(call.data_dir(condition) / "bin"), str(save), "transformer_tiny",
                *call.recipe.get("MODEL_ARGS", default_model_args()).split(), "--disable-validation", "--no-save"]
         procs.append(start_group(cmd, None, collections.deque(maxlen=20), cwd=REPO, env=env))
@@ -373,13 +411,24 @@ def pack_runs(call):
     return cp.pack(sorted(set(files), key=lambda f: f[1]), call.out)
 
 
+def _plan_line(plan):
+    if not plan:
+        return "nothing"
+    return (f"{plan['predicted_runs']} runs in {plan['predicted_jobs']} jobs, {plan['level']} side by side "
+            f"{plan['table']} at {plan['per_run_updates_per_s']} updates/s each, {plan['jobs_left']} jobs left for "
+            f"the next call")
+
+
 def call_markdown(report):
     title = "# Campaign call" + (" — DRY RUN on CPU (tiny models, a few hundred sentences)" if report["dry_run"]
                                  else "")
     lines = [title, "", f"Code `{report['code']}` on {report['machine']}; wall {report.get('wall_s')} s of a budget of "
              f"{report['budget_s']} s (set-up {report['setup_s']} s, data {report.get('prepare_s')}).", "",
-             f"Measured total training updates/s by runs side by side: {report['measured']}; chosen: "
+             f"Measured total training updates/s by runs side by side: {report['measured']}; with CUDA MPS: "
+             f"{report.get('measured_mps')} (MPS {report.get('mps') or 'not asked for'}); chosen: "
              f"{report['concurrency']} ({report['why']}).", "",
+             f"Planned: {_plan_line(report.get('plan'))}; finished: "
+             f"{sum(r['status'] == 'finished' for r in report['runs'])} runs.", "",
              "Wall s: from its job's start; eval s: its own time less its training (averaging, decoding, probe).", "",
              "| run | condition | status | BLEU tok-lc | sacreBLEU | updates | training s | eval s | wall s |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -470,6 +519,9 @@ def main(argv=None):
     r.add_argument("--budget", type=int, help=f"seconds from the call's start to its end (default {BUDGET_S})")
     r.add_argument("--concurrency", type=int, help="jobs side by side (default: from the measured updates/s)")
     r.add_argument("--measure", action="store_true", help="measure the updates/s again (default: the last lease's)")
+    r.add_argument("--no-mps", dest="mps", action="store_false",
+                   help="without CUDA MPS (default: its daemon started for the call; measured with and without it "
+                        "once, the faster plan taken)")
     r.add_argument("--max-jobs", type=int, help="take at most this many jobs")
     r.add_argument("--dry-run", action="store_true", help="on CPU, tiny models on a few hundred sentences")
     r.add_argument("--work", help="the call's data, checkpoints and runs (default: checkpoints/campaign; the dry "

@@ -4,6 +4,7 @@ GPU, what a call brings back and what the repository records of it.
     manifest = load_manifest(path)          # results/multi30k_gpu/manifest.json: every run, done or left, in order
     jobs = next_jobs(manifest)              # the runs left, as jobs: one recipe process each
     choose(measured, budget_s, job)         # how many jobs side by side, from updates/s measured at 1..16
+    plan_call(jobs, tables, budget_s, ...)  # the level (with or without MPS) that finishes the most runs, and when
     pack(files, out_dir)                    # archives of at most ARCHIVE_MIB each, at most MAX_ARCHIVES of them
     check_archives(report, manifest, dir)   # what a call brought back, before anything is written here
     record(manifest, report, lease)         # the manifest after a call: its finished runs done, the lease's figures
@@ -128,6 +129,39 @@ def choose(measured, seconds_left, job, recipe, eval_s, most=None):
             if rate > 0 and (most is None or level <= most)
             and job_seconds(job, recipe, rate / level, eval_s) <= seconds_left]
     return max(fits)[1] if fits else None
+
+
+def schedule(jobs, level, per_run_rate, seconds_left, recipe, eval_s):
+    """The jobs in order on `level` slots, each to the slot free first, as the call starts them: ([(job, start_s,
+    end_s)], the jobs left). A job that would not finish (with its evaluation) within `seconds_left` is not started,
+    nor any after it (in order: the next call takes them), so no run is left unfinished."""
+    slots, planned = [0.0] * level, []
+    for i, job in enumerate(jobs):
+        slot = min(range(level), key=slots.__getitem__)
+        end = slots[slot] + job_seconds(job, recipe, per_run_rate, eval_s)
+        if end > seconds_left:
+            return planned, jobs[i:]
+        planned.append((job, slots[slot], end))
+        slots[slot] = end
+    return planned, []
+
+
+def plan_call(jobs, tables, seconds_left, recipe, eval_s, most=None):
+    """The call's plan from measured rates. tables: {name ("without MPS", "with MPS"): {level: total updates/s}}.
+    Of every (table, level), the one whose schedule finishes the most runs (ties: the higher total updates/s):
+    a dict with name, level, per_run_rate, planned [(job, start_s, end_s)] and left; None if no job fits."""
+    best = None
+    for name, measured in tables.items():
+        for level, rate in (measured or {}).items():
+            if rate <= 0 or (most is not None and level > most):
+                continue
+            planned, left = schedule(jobs, level, rate / level, seconds_left, recipe, eval_s)
+            runs = sum(len(job["runs"]) for job, _, _ in planned)
+            key = (runs, rate)
+            if planned and (best is None or key > best["key"]):
+                best = {"key": key, "name": name, "level": level, "per_run_rate": rate / level, "planned": planned,
+                        "left": left, "runs": runs}
+    return best
 
 
 # -- what comes back from a call ------------------------------------------------------------------------------
@@ -261,7 +295,8 @@ def record(manifest, finished, report, lease):
                    wall_s=row.get("wall_s"), bleu_tok_lc=row.get("bleu_tok_lc"))
     manifest["leases"].append({
         "lease": lease, "code": report["code"], "machine": report["machine"], "dry_run": report["dry_run"],
-        "measured_updates_per_s": report.get("measured"), "concurrency": report.get("concurrency"),
+        "measured_updates_per_s": report.get("measured"), "measured_mps_updates_per_s": report.get("measured_mps"),
+        "mps": report.get("mps"), "concurrency": report.get("concurrency"),
         "why": report.get("why"), "wall_s": report.get("wall_s"), "finished": len(finished),
         "eval_s_median": median([row["eval_s"] for _, row in finished if row.get("eval_s") is not None]),
         "recorded": time.strftime("%Y-%m-%d", time.gmtime())})
@@ -277,11 +312,12 @@ def eval_before(manifest):
     return None
 
 
-def measured_before(manifest):
-    """The last lease's measured {level: updates/s} (not a dry run's), or None."""
+def measured_before(manifest, key="measured_updates_per_s"):
+    """The last lease's measured {level: updates/s} (not a dry run's), or None; key "measured_mps_updates_per_s":
+    those measured with CUDA MPS."""
     for lease in reversed(manifest["leases"]):
-        if lease.get("measured_updates_per_s") and not lease.get("dry_run"):
-            return {int(k): v for k, v in lease["measured_updates_per_s"].items()}
+        if lease.get(key) and not lease.get("dry_run"):
+            return {int(k): v for k, v in lease[key].items()}
     return None
 
 
