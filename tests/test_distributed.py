@@ -66,6 +66,9 @@ def single_process(data, root, arch, *extra):
 @pytest.mark.parametrize("arch,backend", [
     ("transformer_tiny", "pytorch_ddp"),
     ("relative_transformer_tiny", "legacy_ddp"),
+    # fairseq's update with --fused-update (foreach norm and scaling, metrics read at the log interval, padding
+    # masks without reading whether there is padding) and torch's fused Adam, across ranks
+    ("transformer_tiny --fused-update --adam-impl torch", "legacy_ddp"),
     ("floater_transformer_tiny", "pytorch_ddp"),
     # re-solve every 3 updates: on the updates in between the flow θ gets no gradient. One process leaves
     # θ.grad unset and Adam skips θ; the ranks must do the same (legacy_ddp fills in zero gradients, and

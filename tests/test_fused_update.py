@@ -208,6 +208,28 @@ def test_an_fp16_overflow_still_skips_the_update_and_lowers_the_scale(data, monk
     assert results[0] == results[1] and results[0][0] == 1 and results[0][1] < 2.0 ** 60
 
 
+def test_fairseq_train_logs_and_saves_what_it_does_without_the_flag(data, tmp_path):
+    """The user's command: fairseq-train with --log-interval 3 and --fused-update --adam-impl torch prints the same
+    train_inner, train and valid lines (timings aside) as with --adam-impl torch alone, and saves the same weights."""
+    import re
+
+    from helpers.small_task import load, run1, train_cmd
+
+    logs, weights = [], []
+    for fused in (False, True):
+        save = tmp_path / str(fused)
+        out = run1(train_cmd(data, save, "transformer_tiny", "--log-interval", "3", "--adam-impl", "torch",
+                             *(["--fused-update"] if fused else []), max_update=9)).stdout
+        lines = [re.sub(r"\b(wps|ups|wall|train_wall|gb_free)[= ][0-9.]+(, | \| )?", "", line.split(" | ", 3)[-1])
+                 for line in out.splitlines() if "| INFO | train" in line or "| INFO | valid" in line]
+        assert any("loss" in line for line in lines), out[-2000:]
+        logs.append(lines)
+        weights.append(load(save / "checkpoint_last.pt")["model"])
+    assert logs[0] == logs[1]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 # ---- the padding checks: masked as if there were padding, with none -----------------------------------------------
 
 ARCHS = sorted({s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix} | {"transformer_tiny"})
