@@ -23,7 +23,8 @@ with one eps for all step counts, the near-eps and FLOATER ones fail.
 import pytest
 import torch
 
-from helpers.precision_harness import MODELS, MODES, build_trainer, cpu_fp16_optimizer, master_params
+from helpers.precision_harness import (MODELS, MODES, build_trainer, cpu_fp16_optimizer, difference,
+                                       named_master_params)
 from helpers.small_task import small_data
 from helpers.tiny_models import one_thread  # noqa: F401  (autouse fixture)
 
@@ -35,13 +36,6 @@ ROUNDING = 1e-6
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return small_data(tmp_path_factory)
-
-
-def difference(a, b):
-    """The largest over tensors of max |a - b| / max |a| (a and b: name → tensor)."""
-    assert a.keys() == b.keys()
-    return max(float((a[k].double() - b[k].double()).abs().max() / a[k].double().abs().max().clamp_min(1e-30))
-               for k in a)
 
 
 # ---- the optimizer alone -------------------------------------------------------------------------------------
@@ -179,11 +173,6 @@ def update(tr, batches):
     number = tr.get_num_updates()
     assert tr.train_step([next(batches), next(batches)]) is not None and tr.get_num_updates() == number + 1, \
         f"update {number + 1} was skipped (loss-scale overflow?)"
-
-
-def named_master_params(tr):
-    values = master_params(tr)
-    return {name: values[id(p)] for name, p in tr.model.named_parameters()}
 
 
 def step_counts(tr):

@@ -57,15 +57,21 @@ def test_fine_tunes_run_in_their_transformers_job_or_train_it_again():
 
 
 def test_concurrency_is_the_fastest_level_at_which_a_run_still_fits():
-    job = {"models": ["relative"]}
+    """One job: of the levels at which it still finishes, the plan takes the one with the most updates/s."""
+    job = {"models": ["relative"], "runs": ["relative.seed1"]}
+
+    def choose(measured, seconds_left, job, recipe, eval_s, most=None):
+        best = cp.plan_call([job], {"measured": measured}, seconds_left, recipe, eval_s, most=most)
+        return best and best["level"]
+
     recipe = cp.RECIPE  # 62 epochs x 130 updates
     measured = {1: 40.0, 4: 140.0, 8: 240.0, 12: 300.0, 16: 320.0}
     # 8060 updates + 90 s: at 16, 20 updates/s per run: 493 s; at 12, 25/s: 412 s; at 8, 30/s: 359 s
-    assert cp.choose(measured, 500, job, recipe, 90) == 16
-    assert cp.choose(measured, 420, job, recipe, 90) == 12
-    assert cp.choose(measured, 360, job, recipe, 90) == 8
-    assert cp.choose(measured, 420, job, recipe, 90, most=8) == 8
-    assert cp.choose(measured, 100, job, recipe, 90) is None
+    assert choose(measured, 500, job, recipe, 90) == 16
+    assert choose(measured, 420, job, recipe, 90) == 12
+    assert choose(measured, 360, job, recipe, 90) == 8
+    assert choose(measured, 420, job, recipe, 90, most=8) == 8
+    assert choose(measured, 100, job, recipe, 90) is None
 
 
 def single_jobs(n):

@@ -22,7 +22,8 @@ import itertools
 import pytest
 import torch
 
-from helpers.precision_harness import MODES, build_trainer, cpu_fp16_optimizer, master_params
+from helpers.precision_harness import (MODES, build_trainer, cpu_fp16_optimizer, difference, master_params,
+                                       named_master_params)
 from helpers.small_task import small_data
 from helpers.tiny_models import EOS, VOCAB, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 from fairseq_plugins.schemes import SCHEMES
@@ -58,17 +59,6 @@ def update(tr, batches):
     out = tr.train_step([next(batches), next(batches)])
     assert out is not None and tr.get_num_updates() == number + 1, f"update {number + 1} was skipped"
     return out
-
-
-def difference(a, b):
-    """The largest over tensors of max |a - b| / max |a| (a and b: id → tensor, the same keys)."""
-    assert a.keys() == b.keys()
-    return max(float((a[k].double() - b[k].double()).abs().max() / a[k].double().abs().max().clamp_min(1e-30))
-               for k in a)
-
-
-def by_name(tr, values):
-    return {name: values[id(p)] for name, p in tr.model.named_parameters()}
 
 
 def slots(tr):
@@ -124,7 +114,7 @@ def test_each_update_is_fairseqs_in_every_precision_mode(data, mode):
         for number in range(1, LOCKSTEP_UPDATES + 1):
             update(want, batches)
             update(got, batches_too)
-            off = difference(by_name(want, master_params(want)), by_name(got, master_params(got)))
+            off = difference(named_master_params(want), named_master_params(got))
             bound = BF16_FLAT_ROUNDING if mode.startswith("bf16") and "memory" not in mode else ROUNDING
             assert off <= bound, f"{mode} update {number}: the parameters differ by {off:.3g} (relative)"
             if mode in ("fp32", "amp"):
@@ -143,7 +133,7 @@ def losses_and_weights(data, fused, updates):
         with metrics.aggregate(new_root=True) as agg:
             update(tr, batches)
         losses.append(agg.get_smoothed_value("loss"))
-    return losses, by_name(tr, master_params(tr))
+    return losses, named_master_params(tr)
 
 
 def test_fifty_free_running_updates_are_fairseqs(data):

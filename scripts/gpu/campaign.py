@@ -181,7 +181,7 @@ def run(args):
             if measured is None:
                 measured = measure(call, conditions[0])
             if mps_env is not None and measured_mps is None:
-                measured_mps = measure(call, conditions[0], mps_vars=mps_vars(mps_env))
+                measured_mps = measure(call, conditions[0], mps_vars=mps_client_vars(mps_env))
             call.report["measured"] = {str(k): v for k, v in sorted(measured.items())}
             call.report["measured_mps"] = measured_mps and {str(k): v for k, v in sorted(measured_mps.items())}
             tables = {"without MPS": measured, **({"with MPS": measured_mps} if mps_env and measured_mps else {})}
@@ -205,7 +205,7 @@ def run(args):
                                    "per_run_updates_per_s": round(best["per_run_rate"], 1)}
             call.report["why"] = (f"{level} side by side {best['name']}: the plan that finishes the most runs "
                                   f"({best['runs']}) before the deadline")
-            call.mps_vars = mps_vars(mps_env) if best["name"] == "with MPS" else {}
+            call.mps_vars = mps_client_vars(mps_env) if best["name"] == "with MPS" else {}
             log(f"{level} jobs side by side {best['name']}, {best['runs']} runs predicted to finish "
                 f"(measured total updates/s: {call.report['measured']}; with MPS: {call.report['measured_mps']})")
             train(call, jobs, best["per_run_rate"], level)
@@ -232,7 +232,7 @@ def prepare(call, condition):
     call.report.setdefault("prepare_s", {})[condition] = round(time.time() - started)
 
 
-def mps_vars(env):
+def mps_client_vars(env):
     """The variables that make a process a client of the call's MPS daemon (none without one)."""
     return {k: env[k] for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")} if env else {}
 
@@ -256,7 +256,7 @@ def measure(call, condition, mps_vars=None):
                        MAX_TOKENS="4096", EPOCHS="1000", SEED=str(rank + 1), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                        **(mps_vars or {}))
         cmd = ["bash", "scripts/train_small.sh", str(call.data_dir(condition) / "bin"), str(save), "transformer_tiny",
-               *call.recipe.get("MODEL_ARGS", default_model_args()).split(), "--disable-validation", "--no-save"]
+               *call.recipe.get("MODEL_ARGS", cp.study_model_args()).split(), "--disable-validation", "--no-save"]
         procs.append(start_group(cmd, None, collections.deque(maxlen=20), cwd=REPO, env=env))
     end = t0 + window * len(levels) + 30
     for proc, pump in procs:
@@ -327,12 +327,6 @@ def probe_worker(args, train_argv):
     sys.argv = ["fairseq-train", *train_argv]
     fairseq_train.cli_main()
     done()
-
-
-def default_model_args():
-    text = RECIPE_SH.read_text()
-    start = text.index('MODEL_ARGS=${MODEL_ARGS:-"') + len('MODEL_ARGS=${MODEL_ARGS:-"')
-    return text[start:text.index('"}', start)].replace("\\\n", "")
 
 
 def train(call, jobs, per_run_rate, level):

@@ -28,7 +28,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
+from tooling.atomic import write_json, write_text  # noqa: E402
 from tooling.gpu import mps as mps_service  # noqa: E402
+from tooling.gpu.campaign_jobs import study_model_args  # noqa: E402
 
 FUSED = "--fused-update --adam-impl torch"
 VARIANTS = {"default": "", "fused": FUSED}
@@ -51,21 +53,12 @@ TINY_TOKENS = 4096
 SIDE_BY_SIDE = 16
 
 
-def study_model_args():
-    """The study's model: MODEL_ARGS of scripts/study/multi30k_study.sh (the campaign trains it)."""
-    text = (REPO / "scripts" / "study" / "multi30k_study.sh").read_text()
-    start = text.index('MODEL_ARGS=${MODEL_ARGS:-"') + len('MODEL_ARGS=${MODEL_ARGS:-"')
-    return text[start:text.index('"}', start)].replace("\\\n", " ").split()
-
-
 START_UP_S = 25  # a process's start-up and warm-up before the counted window (plus 2 s per process beside it)
 DRY = {"seconds": 2, "processes": 2, "tokens": 512, "start_up_s": 10}
 
 
 def tiny_worker(args):
     """One process: the tiny recipe's Trainer; updates counted from --t0 for --seconds (a JSON line to --out)."""
-    import time as clock
-
     import torch
 
     torch.set_num_threads(1)
@@ -76,23 +69,23 @@ def tiny_worker(args):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dictionary = synthetic_dictionary(10000)
     batches, _, _ = length_mix.corpus(length_mix.load_pairs(), dictionary, args.tokens, 16, args.seed)
-    flags = study_model_args() + (VARIANTS[args.variant].split())
+    flags = study_model_args().split() + VARIANTS[args.variant].split()
     trainer = build_trainer("transformer_tiny", flags, "fp32", dictionary, device, args.seed)
     for b in batches[:3]:  # warm-up: Adam's state, lazily built buffers
         trainer.train_step([b])
     if device == "cuda":
         torch.cuda.synchronize()
-    while clock.time() < args.t0:
-        clock.sleep(0.005)
+    while time.time() < args.t0:
+        time.sleep(0.005)
     done, i = 0, 0
-    while clock.time() < args.t0 + args.seconds:
+    while time.time() < args.t0 + args.seconds:
         trainer.train_step([batches[i % len(batches)]])
         i += 1
         if device == "cuda":
             torch.cuda.synchronize()
-        if clock.time() <= args.t0 + args.seconds:
+        if time.time() <= args.t0 + args.seconds:
             done += 1
-    Path(args.out).write_text(json.dumps({"updates": done, "seconds": args.seconds}))
+    write_json(args.out, {"updates": done, "seconds": args.seconds})
 
 
 def tiny_rate(variant, processes, seconds, env, scratch, tag, tokens, start_up_s):
@@ -131,7 +124,7 @@ def tiny_rates(out_dir, dry_run, scratch, deadline):
         seconds, tokens, start_up_s = 15, TINY_TOKENS, START_UP_S
         plan = [("default", 1, False), ("fused", 1, False), ("default", SIDE_BY_SIDE, False),
                 ("fused", SIDE_BY_SIDE, False), ("default", SIDE_BY_SIDE, True), ("fused", SIDE_BY_SIDE, True)]
-    result = {"model": "transformer_tiny " + " ".join(study_model_args()), "precision": "fp32", "tokens": tokens,
+    result = {"model": "transformer_tiny " + " ".join(study_model_args().split()), "precision": "fp32", "tokens": tokens,
               "rows": [], "mps": None}
     mps_env = None
     try:
@@ -152,11 +145,11 @@ def tiny_rates(out_dir, dry_run, scratch, deadline):
             result["rows"].append(row)
             print(f"speed_check: tiny {variant} x{processes}{' MPS' if mps else ''}: {row['updates_per_s']} updates/s",
                   file=sys.stderr, flush=True)
-            (out_dir / "tiny_rates.json").write_text(json.dumps(result, indent=1) + "\n")
+            write_json(out_dir / "tiny_rates.json", result, indent=1)
     finally:
         if mps_env is not None:
             mps_service.stop(mps_env)
-    (out_dir / "tiny_rates.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out_dir / "tiny_rates.json", result, indent=1)
     return result
 
 
@@ -191,9 +184,7 @@ def summary(out_dir, runs, started, setup_s):
                                                                          f"{r['errors'][0]})" if r["errors"] else "")
             lines.append(f"| {r['variant']} | {r['processes']} | {'yes' if r['mps'] else 'no'} | {value} |")
     text = "\n".join(lines) + "\n"
-    tmp = out_dir / "speed_check.md.tmp"
-    tmp.write_text(text)
-    tmp.replace(out_dir / "speed_check.md")
+    write_text(out_dir / "speed_check.md", text)
     return text
 
 

@@ -107,6 +107,19 @@ def master_params(trainer) -> Dict[int, torch.Tensor]:
     return {id(p): p.detach().float().clone() for p in trainer.model.parameters()}
 
 
+def named_master_params(trainer) -> Dict[str, torch.Tensor]:
+    """Parameter name → the float32 values the optimizer keeps for it (master_params by name)."""
+    values = master_params(trainer)
+    return {name: values[id(p)] for name, p in trainer.model.named_parameters()}
+
+
+def difference(a, b) -> float:
+    """The largest over tensors of max |a - b| / max |a| (a and b: the same keys → tensor)."""
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max() / a[k].double().abs().max().clamp_min(1e-30))
+               for k in a)
+
+
 def reference_grads(trainer, sample) -> Dict[int, Optional[torch.Tensor]]:
     """The float32 gradient of this update, from a float32 copy of the model holding exactly the weights (and
     buffers, caches) the update is about to use, normalised as fairseq's trainer does (÷ sample size)."""

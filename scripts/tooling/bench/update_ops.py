@@ -20,6 +20,7 @@ from collections import Counter
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from tooling.bench.ops import SYNCING_OPS
@@ -56,7 +57,7 @@ class UpdateCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         self.ops += not func.is_view
         name = func.overloadpacket.__name__
-        tensors = [a for a in _flat(args, kwargs) if isinstance(a, torch.Tensor)]
+        tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         made_here = not tensors and kwargs.get("device") is None  # torch's default device: the host's
         host = (bool(tensors) and all(t in self._host for t in tensors)) or made_here
         if name in SYNCING_OPS:
@@ -66,18 +67,10 @@ class UpdateCounter(TorchDispatchMode):
                 self.syncs[f"{name} @ {_where()}"] += 1
         out = func(*args, **kwargs)
         if (name in HOST_ORIGIN_OPS or host) and kwargs.get("device") is None:
-            for t in _flat((out,), {}):
+            for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self._host[t] = True
         return out
-
-
-def _flat(args, kwargs):
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, (list, tuple)):
-            yield from _flat(a, {})
-        else:
-            yield a
 
 
 def count_update(trainer, batches):

@@ -3,7 +3,6 @@ GPU, what a call brings back and what the repository records of it.
 
     manifest = load_manifest(path)          # results/multi30k_gpu/manifest.json: every run, done or left, in order
     jobs = next_jobs(manifest)              # the runs left, as jobs: one recipe process each
-    choose(measured, budget_s, job)         # how many jobs side by side, from updates/s measured at 1..16
     plan_call(jobs, tables, budget_s, ...)  # the level (with or without MPS) that finishes the most runs, and when
     pack(files, out_dir)                    # archives of at most ARCHIVE_MIB each, at most MAX_ARCHIVES of them
     check_archives(report, manifest, dir)   # what a call brought back, before anything is written here
@@ -20,6 +19,7 @@ import tarfile
 import time
 
 from tooling.atomic import write_atomic, write_json, write_text
+from tooling.paths import REPO
 
 # The literature's recipe (Wu, Kong & Kao 2021: 8,000 updates of 4,096 tokens, ~130 per epoch of Multi30k), the
 # study's recipe otherwise (scripts/study/multi30k_study.sh); a fine-tune is FT_EPOCHS more epochs.
@@ -108,6 +108,14 @@ def next_jobs(manifest):
     return jobs
 
 
+def study_model_args():
+    """The study's model dimensions: the default MODEL_ARGS of scripts/study/multi30k_study.sh, as one string
+    (what the campaign's probe and the speed check train)."""
+    text = (REPO / "scripts" / "study" / "multi30k_study.sh").read_text()
+    start = text.index('MODEL_ARGS=${MODEL_ARGS:-"') + len('MODEL_ARGS=${MODEL_ARGS:-"')
+    return text[start:text.index('"}', start)].replace("\\\n", "")
+
+
 def job_updates(job, recipe):
     """The job's updates: each run from scratch the recipe's epochs, each fine-tune FT_EPOCHS (default 3)."""
     epochs = int(recipe["EPOCHS"])
@@ -119,16 +127,6 @@ def job_seconds(job, recipe, per_run_rate, eval_s):
     """Predicted wall time of a job with `per_run_rate` updates/s: its updates, and eval_s per run for averaging,
     decoding, the length probe and scoring."""
     return job_updates(job, recipe) / per_run_rate + eval_s * len(job["models"])
-
-
-def choose(measured, seconds_left, job, recipe, eval_s, most=None):
-    """The number of jobs side by side: of the measured levels at which a job like `job` still finishes within
-    `seconds_left`, the one with the highest total updates/s (most runs finished per call). None if none does.
-    measured: {level: total updates/s}."""
-    fits = [(rate, level) for level, rate in measured.items()
-            if rate > 0 and (most is None or level <= most)
-            and job_seconds(job, recipe, rate / level, eval_s) <= seconds_left]
-    return max(fits)[1] if fits else None
 
 
 def schedule(jobs, level, per_run_rate, seconds_left, recipe, eval_s):
