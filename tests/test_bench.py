@@ -418,3 +418,13 @@ def test_the_speed_checks_dry_run_writes_its_figures(tmp_path):
     if shutil.which("nvidia-cuda-mps-control") is None:
         assert rates["mps"].startswith("not started: ") and mps["skipped"] == rates["mps"]
         assert f"CUDA MPS: {rates['mps']}" in md
+
+
+def test_the_speed_check_without_a_gpu_refuses_in_one_line_and_writes_nothing(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the check would run")
+    out = tmp_path / "out"
+    proc = run(["bash", "scripts/gpu/speed_check.sh", "--out-dir", str(out)], check=False)
+    assert proc.returncode == 1 and proc.stdout.strip().splitlines()[-1] == \
+        "speed_check.py: no CUDA device (on CPU: --dry-run)", proc.stdout
+    assert not out.exists()

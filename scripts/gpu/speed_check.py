@@ -204,13 +204,13 @@ def main(argv=None):
     started = float(os.environ.get("SPEED_CHECK_STARTED") or time.time())
     setup_s = os.environ.get("SPEED_CHECK_SETUP_SECONDS")
     deadline = started + args.budget - 10  # 10 s for the summary
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     if not args.dry_run:
         import torch
 
         if not torch.cuda.is_available():
             raise SystemExit("speed_check.py: no CUDA device (on CPU: --dry-run)")
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     steps = [("tiny", v) for v in VARIANTS] + [("rates", None)] if args.dry_run else \
         [("base", v) for v in VARIANTS] + [("rates", None)] + [("big", v) for v in VARIANTS]
     runs = {}
