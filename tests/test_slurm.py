@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import REPO, env
-from helpers.slurm_cluster import SlurmCluster, SlurmUnavailable, ensure_installed, free_port
+from helpers.slurm_cluster import SlurmCluster, SlurmUnavailable, ended, ensure_installed, free_port
 from helpers.small_task import assert_same_model
 
 pytestmark = pytest.mark.slurm
@@ -61,8 +61,7 @@ def uninterrupted(cluster, toy_data, tmp_path_factory):
     """checkpoint_last.pt of the same job run without interruption."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
     job = submit(cluster, toy_data, tmp / "ckpt", tmp / "job.out")
-    info = cluster.wait(job, lambda i: i.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"), timeout=150,
-                        output=tmp / "job.out")
+    info = cluster.wait(job, ended, timeout=150, output=tmp / "job.out")
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", cluster.diagnostics(tmp / "job.out")
     return tmp / "ckpt" / "checkpoint_last.pt"
 
@@ -129,10 +128,16 @@ def test_a_job_without_gpus_fails_and_says_so(cluster, tmp_path):
     job = cluster.submit(f"--output={out}", f"--chdir={REPO}", "scripts/train.sbatch", "toy_recipe",
                          env={**{k: v for k, v in env().items() if k != "CPU"}, "SAVE_DIR": str(tmp_path / "ckpt")},
                          cwd=REPO)
-    info = cluster.wait(job, lambda i: i.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", None),
-                        timeout=120, release_after=None, output=out)
+    info = cluster.wait(job, ended, timeout=120, release_after=None, output=out)
     log = out.read_text(errors="replace")
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", cluster.diagnostics(out)
     assert (f"train.sh: job {job} has no GPU (CUDA_VISIBLE_DEVICES=unset); ask sbatch for GPUs (e.g. "
             "--gpus-per-node=8) or set CPU=1 to train on CPU") in log, log
     assert "division by 0" not in log and not (tmp_path / "ckpt" / "checkpoint_last.pt").exists()
+
+
+def test_a_completing_job_has_not_ended():
+    """COMPLETING (processes exited, the node not yet released) comes before COMPLETED or FAILED: a wait that took
+    it for an end read the job's state too early and failed a job that then completed."""
+    assert not ended({"JobState": "COMPLETING"}) and not ended({}) and not ended({"JobState": "REQUEUED"})
+    assert ended({"JobState": "COMPLETED"}) and ended({"JobState": "FAILED"}) and ended({"JobState": "CANCELLED"})

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import REPO, env, run
-from helpers.slurm_cluster import which
+from helpers.slurm_cluster import ended, which
 from helpers.stand_ins import stand_ins
 from test_slurm import cluster  # noqa: F401  (the module's cluster fixture)
 
@@ -67,8 +67,7 @@ def test_the_paper_chain_runs_names_its_holes_and_resubmits_nothing(cluster, tmp
                for c in (DE_T, DE_R, DE_W)), again
 
     tables = manifest["tables"]
-    info = cluster.wait(tables, lambda i: i.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", None),
-                        timeout=900, poll=2, release_after=None, output=ckpts / f"slurm-tables-{tables}.out")
+    info = cluster.wait(tables, ended, timeout=900, poll=2, release_after=None, output=ckpts / f"slurm-tables-{tables}.out")
     wall = time.time() - started
     assert info["JobState"] == "COMPLETED", cluster.diagnostics(ckpts / f"slurm-tables-{tables}.out")
     logs = {p.name: p.read_text(errors="replace")[-1500:] for p in ckpts.glob("slurm-*.out")}

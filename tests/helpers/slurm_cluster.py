@@ -20,6 +20,15 @@ PACKAGES = ("slurmctld", "slurmd", "slurm-client")
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
 CRED_EXPIRE = 5  # seconds a finished run's job credential stays revoked on the node (AuthInfo=cred_expire)
+# Slurm's job states that are not an end (squeue(1), JOB STATE CODES). COMPLETING is among them: the job's
+# processes have exited but the node has not yet released it, and it turns COMPLETED or FAILED after.
+LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
+        "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
+
+
+def ended(info):
+    """True once a job's info (SlurmCluster.job) shows a final state: COMPLETED, FAILED, CANCELLED, ..."""
+    return info.get("JobState") not in LIVE | {None}
 
 
 class SlurmUnavailable(Exception):
