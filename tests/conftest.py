@@ -85,9 +85,10 @@ def pytest_configure(config):
 
 
 # Modules whose tests are about the processes themselves (signals, a cluster's process tracking, set-up from
-# nothing): every process they start is a fresh interpreter; a test can ask the same with @pytest.mark.fresh_processes.
+# nothing, a training killed with its group and resumed at once): every process they start is a fresh interpreter;
+# a test can ask the same with @pytest.mark.fresh_processes.
 FRESH_MODULES = {"test_slurm", "test_supervise", "test_prep_interrupt", "test_setup_env", "test_gpu_bundle",
-                 "test_own_fairseq", "test_launchers"}
+                 "test_own_fairseq", "test_launchers", "test_resume"}
 
 
 @pytest.fixture(autouse=True)

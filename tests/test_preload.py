@@ -20,6 +20,10 @@ import json, os, signal, time
 import numpy, torch
 if "--sleep" in sys.argv:
     signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(7)))
+    if "--grandchild" in sys.argv:  # a program's own child, in its group
+        import subprocess
+        child = subprocess.Popen(["sleep", "300"])
+        print(json.dumps({"preloaded": preloaded, "pid": os.getpid(), "child": child.pid}), flush=True)
     print("ready", flush=True)
     signal.pause()
 if "--burn" in sys.argv:
@@ -139,17 +143,42 @@ def test_a_lock_the_caller_holds_stays_held_while_the_program_runs(server, tmp_p
         assert json.loads(proc.stdout) == {"preloaded": preload, "held": True}, proc.stderr[-2000:]
 
 
-def test_a_program_in_a_process_group_of_its_own_starts_fresh(server, tmp_path):
-    """A caller started in a new session (scripts/tooling/supervise.py, a test's start_new_session) is signalled as
-    a group, which a forked child outside that group would not get: it starts fresh, and killpg ends it."""
+def alive(pid):
+    """Whether a process runs (a zombie, ended but not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def gone(*pids, timeout=30):
+    deadline = time.time() + timeout
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("preload", [True, False])
+def test_a_caller_in_a_session_of_its_own_is_signalled_as_a_group(server, tmp_path, preload, sig):
+    """A caller started in a new session (scripts/tooling/supervise.py, a test's start_new_session) is signalled, or
+    killed, as a group: handed over, the signal reaches the program and the program's own children as it does in a
+    fresh process (SIGTERM: the program's handler runs and the caller ends with its status; SIGKILL: all end)."""
     probe(tmp_path, preload=True)  # writes the script
     script = tmp_path / "scripts" / "probe.py"
-    proc = subprocess.Popen([sys.executable, str(script), "--sleep"], env={**env(), "OMP_NUM_THREADS": "1"},
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    e = {**env(), "OMP_NUM_THREADS": "1"}
+    if not preload:
+        e.pop("PRELOAD_SOCKET", None)
+    proc = subprocess.Popen([sys.executable, str(script), "--sleep", "--grandchild"], env=e, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    started = json.loads(proc.stdout.readline())
     assert proc.stdout.readline() == "ready\n"
-    children = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    assert children == [str(proc.pid)], children  # the program itself, in its group: not a server's child
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    assert started["preloaded"] == preload and (started["pid"] == proc.pid) != preload, started
+    os.killpg(proc.pid, sig)
+    out, err = proc.communicate(timeout=60)
+    if sig == signal.SIGTERM:
+        assert out == "got SIGTERM\n" and proc.returncode == 7, (out, err, proc.returncode)
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    assert gone(started["pid"], started["child"]), "the program or its child outlived the signal to the group"

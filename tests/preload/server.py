@@ -10,6 +10,12 @@ working directory, environment, umask, argv and sys.path, runs the script or mod
 through the interpreter's own exit (threads joined, atexit, finalisation). The caller waits, forwards the signals
 it gets to the child, and ends as the child did. A caller that dies takes its child with it (SIGKILL).
 
+A caller in a process group of its own (scripts/tooling/supervise.py's sections, a test's start_new_session: a
+group that is signalled, or killed, as a whole) gets a child that leads a group of its own, which the program's
+own children join as they would have joined the caller's: the caller forwards each signal to that whole group,
+and a caller killed with its group takes the child's group with it. (A process cannot join a group of another
+session, so the child cannot enter the caller's.)
+
 Only what a fresh interpreter would import the same way is preloaded: torch, numpy and fairseq, from
 site-packages, before any tensor work (no thread pool started, nothing drawn from a generator). fairseq_cli's
 modules are not (each configures logging when imported), nor this project's code (a changed file must be read).
@@ -60,8 +66,6 @@ def compatible(req):
         return "another interpreter"
     if req["flags"] != list(sys.flags):
         return "interpreter flags"
-    if req["pgid"] != os.getpgid(0):  # started in a group or session of its own (supervise.py, start_new_session):
-        return "another process group (a signal to that group must reach the program and its children)"
     def read_at_import(k):
         return k.startswith(IMPORT_TIME_VARIABLES) and k not in THREADS and not k.startswith(LAZY)
 
@@ -85,8 +89,8 @@ def compatible(req):
 # MKL or the allocator when they load.
 IMPORT_TIME_VARIABLES = ("PYTHONHOME", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONWARNINGS",
                          "PYTHONDONTWRITEBYTECODE", "PYTHONMALLOC", "TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "GOMP_",
-                         "OPENBLAS", "CUDA", "NCCL", "LD_", "MALLOC_", "LANG", "LC_", "HYDRA", "FAIRSEQ", "NUMEXPR",
-                         "NUMPY")
+                         "OPENBLAS", "CUDA", "NCCL", "LD_", "MALLOC_", "LANG", "LC_", "HYDRA", "NUMEXPR", "NUMPY")
+# (fairseq 0.12.2 reads no variable of its own; FAIRSEQ_TRAIN, which the campaign's probe sets, is train_small.sh's.)
 TOP_LEVEL = set()
 # Read by torch's thread pools when they first run, not at import (the pools start lazily): the child sets its
 # own count explicitly (run_child), as a fresh process would have read it.
@@ -96,9 +100,24 @@ THREADS = {"OMP_NUM_THREADS", "MKL_NUM_THREADS"}
 LAZY = ("TORCHINDUCTOR_",)
 
 
+def grouped(req):
+    """Whether the caller is in a process group of its own, not the server's (then so is its child)."""
+    return req["pgid"] != os.getpgid(0)
+
+
+def end(pid, group):
+    """SIGKILL to a child, and to the group it leads if it leads one."""
+    try:
+        os.killpg(pid, 9) if group else os.kill(pid, 9)
+    except ProcessLookupError:
+        pass
+
+
 def run_child(req, fds):
     """In the forked child: become the caller's process, run its program, and leave by raising SystemExit (or
     its exception) out of main(), so that the interpreter ends it as it ends any program."""
+    if grouped(req):
+        os.setpgid(0, 0)  # also done by the server right after the fork: the group exists before the caller hears
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -135,9 +154,9 @@ def main():
     os.rename(path + ".tmp", path)  # callers see the socket only once everything is loaded
     listener.listen(16)
     parent, cpu = os.getppid(), 0.0
-    children = {}  # pidfd -> [pid, the caller's connection, None once it closed]
+    children = {}  # pidfd -> [pid, the caller's connection (None once it closed), whether it leads a group]
     while os.getppid() == parent:
-        callers = [c for _, c in children.values() if c is not None]
+        callers = [c for _, c, _ in children.values() if c is not None]
         ready, _, _ = select.select([listener, *children, *callers], [], [], 1.0)
         for r in ready:
             if r is listener:
@@ -158,7 +177,7 @@ def main():
                 pid = os.fork()
                 if pid == 0:
                     listener.close()
-                    for fd, (_, c) in children.items():
+                    for fd, (_, c, _) in children.items():
                         os.close(fd)
                         if c is not None:
                             c.close()
@@ -168,10 +187,22 @@ def main():
                     return  # the program returned: exit 0, as `python script` does
                 for fd in fds:
                     os.close(fd)
-                conn.sendall(f"PID {pid}\n".encode())
-                children[os.pidfd_open(pid)] = [pid, conn]
+                group = grouped(req)
+                if group:
+                    try:
+                        os.setpgid(pid, pid)
+                    except OSError:  # the child has already made it (EACCES) or already ended (ESRCH)
+                        pass
+                entry = [pid, conn, group]
+                children[os.pidfd_open(pid)] = entry
+                try:
+                    conn.sendall(f"PID {pid} {'GROUP' if group else 'ONE'}\n".encode())
+                except OSError:  # the caller died while it waited: so does its child
+                    end(pid, group)
+                    conn.close()
+                    entry[1] = None
             elif isinstance(r, int):  # a child ended
-                pid, conn = children.pop(r)
+                pid, conn, _ = children.pop(r)
                 os.close(r)
                 _, status, usage = os.wait4(pid, 0)
                 cpu += usage.ru_utime + usage.ru_stime
@@ -187,17 +218,11 @@ def main():
             else:  # a caller's connection reads only when the caller died before its child: so does the child
                 for entry in children.values():
                     if entry[1] is r:
-                        try:
-                            os.kill(entry[0], 9)
-                        except ProcessLookupError:
-                            pass
+                        end(entry[0], entry[2])
                         r.close()
                         entry[1] = None
-    for pid, _ in children.values():  # the worker is gone: so are its tests
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+    for pid, _, group in children.values():  # the worker is gone: so are its tests
+        end(pid, group)
 
 
 if __name__ == "__main__":

@@ -60,11 +60,11 @@ def _hand_over(path):
         conn.close()
         _log(b" ".join(first).decode())
         return
-    child = int(first[1])
+    child, group = int(first[1]), first[2:] == [b"GROUP"]
 
-    def forward(signum, frame):
+    def forward(signum, frame):  # to the child's group when it leads one, as a signal to this group reaches it all
         try:
-            os.kill(child, signum)
+            os.killpg(child, signum) if group else os.kill(child, signum)
         except ProcessLookupError:
             pass
 
