@@ -58,6 +58,16 @@ def env():
     return e
 
 
+def start_preload_server(folder, environ):
+    """A fork server (tests/preload/server.py) that preloads what a process with `environ` imports; its socket and
+    its CPU file ("cpu", which the tier clock reads: every such file under this worker's preload folder) in
+    `folder`. Returns the socket's path, which exists once the server listens, and the server's process."""
+    sock, cpu = os.path.join(folder, "socket"), os.path.join(folder, "cpu")
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "preload" / "server.py"), sock, cpu],
+                              env=environ, stdin=subprocess.DEVNULL, cwd=folder)
+    return sock, server
+
+
 def pytest_configure(config):
     """This worker's fork server (tests/preload/server.py): the fairseq commands and this project's scripts that
     its tests start run forked from an interpreter that already imported torch and fairseq. Started at once, in
@@ -72,10 +82,8 @@ def pytest_configure(config):
 
     folder = tempfile.mkdtemp(prefix="preload-")  # short: a socket's path has at most 107 bytes
     os.environ["PYTHONPATH"] += os.pathsep + str(REPO / "tests" / "preload")
-    sock, cpu = os.path.join(folder, "socket"), os.path.join(folder, "cpu")
-    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "preload" / "server.py"), sock, cpu],
-                              env=env(), stdin=subprocess.DEVNULL, cwd=folder)
-    os.environ["PRELOAD_SOCKET"], os.environ["PRELOAD_CPU_FILE"] = sock, cpu
+    sock, server = start_preload_server(folder, env())
+    os.environ["PRELOAD_SOCKET"], os.environ["PRELOAD_CPU_FILE"] = sock, os.path.join(folder, "cpu")
 
     def stop():
         server.kill()
@@ -88,7 +96,7 @@ def pytest_configure(config):
 # nothing, a training killed with its group and resumed at once): every process they start is a fresh interpreter;
 # a test can ask the same with @pytest.mark.fresh_processes.
 FRESH_MODULES = {"test_slurm", "test_supervise", "test_prep_interrupt", "test_setup_env", "test_gpu_bundle",
-                 "test_own_fairseq", "test_launchers", "test_resume"}
+                 "test_launchers", "test_resume"}
 
 
 @pytest.fixture(autouse=True)

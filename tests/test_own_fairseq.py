@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, env
+from conftest import REPO, env, start_preload_server
 from helpers.small_task import ONE_THREAD, free_port, small_data, tiny_checkpoint, train_cmd
 from helpers.stock_fairseq import SDIST, stock_fairseq
 
@@ -29,9 +29,25 @@ GEN = ("--beam", "2", "--max-len-b", "12", "--cpu", "--user-dir", "fairseq_plugi
 @pytest.fixture(scope="module")
 def stock():
     """The stock-equivalent build, or OWN_FAIRSEQ=dir: a folder holding another fairseq package (e.g. fairseq's main
-    installed with pip --target), tested the same way."""
+    installed with pip --target), tested the same way. Its commands are forked from a fork server of their own that
+    preloaded that fairseq (the worker's, which preloaded this project's, starts a process that would import
+    another one fresh)."""
     other = os.environ.get("OWN_FAIRSEQ")
-    return Path(other).resolve() if other else stock_fairseq()
+    stock_dir = Path(other).resolve() if other else stock_fairseq()
+    if "PRELOAD_SOCKET" not in os.environ:  # PRELOAD=0: every process starts fresh
+        yield stock_dir
+        return
+    folder = Path(os.environ["PRELOAD_CPU_FILE"]).parent / "own_fairseq"
+    folder.mkdir(exist_ok=True)
+    sock, server = start_preload_server(str(folder), with_fairseq(stock_dir, env()))
+    STOCK_SERVER[stock_dir] = sock
+    try:
+        yield stock_dir
+    finally:
+        del STOCK_SERVER[stock_dir]
+        server.kill()
+        server.wait()
+        Path(sock).unlink(missing_ok=True)
 
 
 def has_better_transformer(stock_dir):
@@ -44,11 +60,20 @@ def data(tmp_path_factory):
     return small_data(tmp_path_factory)
 
 
+STOCK_SERVER = {}  # the stock fairseq's folder -> its fork server's socket (the stock fixture's)
+
+
+def with_fairseq(stock_dir, environ):
+    return {**environ, "PYTHONPATH": f"{stock_dir}:{environ['PYTHONPATH']}"}
+
+
 def on(stock_dir, cmd, stdin=None):
     """cmd with the stock fairseq first on the path (fairseq's console scripts as `python -m fairseq_cli.X`)."""
     e = {**env(), **ONE_THREAD}
     if stock_dir is not None:
-        e["PYTHONPATH"] = f"{stock_dir}:{e['PYTHONPATH']}"
+        e = with_fairseq(stock_dir, e)
+        if stock_dir in STOCK_SERVER:
+            e["PRELOAD_SOCKET"] = STOCK_SERVER[stock_dir]
     return subprocess.run(cmd, cwd=REPO, env=e, input=stdin, text=True, capture_output=True, timeout=600)
 
 

@@ -12,6 +12,7 @@ make cheaper first. Under pytest-xdist each worker measures its tests and the co
 the check."""
 import os
 import resource
+from pathlib import Path
 
 import pytest
 
@@ -28,13 +29,18 @@ def cpu_seconds():
 
 
 def preloaded_seconds():
-    """What the processes forked by this worker's preload server (tests/preload/) used: they are its children,
-    not this process's, and it adds each one's seconds to its file before the process's caller hears it ended."""
-    try:
-        with open(os.environ["PRELOAD_CPU_FILE"]) as f:
-            return float(f.read())
-    except (KeyError, OSError, ValueError):
+    """What the processes forked by this worker's preload servers (tests/preload/) used: they are their children,
+    not this process's, and each server adds each one's seconds to its file ("cpu": the worker's own beside
+    PRELOAD_CPU_FILE, one a test module starts in a folder below it) before the process's caller hears it ended."""
+    if "PRELOAD_CPU_FILE" not in os.environ:
         return 0.0
+    total = 0.0
+    for path in Path(os.environ["PRELOAD_CPU_FILE"]).parent.rglob("cpu"):
+        try:
+            total += float(path.read_text())
+        except (OSError, ValueError):  # a server that has not yet reaped a child writes none
+            pass
+    return total
 
 
 @pytest.hookimpl(hookwrapper=True)
