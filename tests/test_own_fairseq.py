@@ -7,6 +7,7 @@ gradients (risk 1: every later gradient in another parameter's slice) or not (ri
 acts on), and keep its BetterTransformer fast path off (risk 3: after a checkpoint load an unpadded batch bypassed
 the schemes' attention, and a padded one crashed), so that fairseq-interactive (one sentence a batch) translates as
 fairseq-generate (padded batches) for every attention-level scheme. The rest trains and decodes as usual."""
+import atexit
 import os
 import re
 import subprocess
@@ -34,20 +35,16 @@ def stock():
     another one fresh)."""
     other = os.environ.get("OWN_FAIRSEQ")
     stock_dir = Path(other).resolve() if other else stock_fairseq()
-    if "PRELOAD_SOCKET" not in os.environ:  # PRELOAD=0: every process starts fresh
-        yield stock_dir
-        return
-    folder = Path(os.environ["PRELOAD_CPU_FILE"]).parent / "own_fairseq"
-    folder.mkdir(exist_ok=True)
-    sock, server = start_preload_server(str(folder), with_fairseq(stock_dir, env()))
-    STOCK_SERVER[stock_dir] = sock
-    try:
-        yield stock_dir
-    finally:
-        del STOCK_SERVER[stock_dir]
-        server.kill()
-        server.wait()
-        Path(sock).unlink(missing_ok=True)
+    if "PRELOAD_SOCKET" in os.environ and stock_dir not in STOCK_SERVER:  # (PRELOAD=0: every process starts fresh)
+        folder = Path(os.environ["PRELOAD_CPU_FILE"]).parent / "own_fairseq"
+        folder.mkdir(exist_ok=True)
+        STOCK_SERVER[stock_dir], server = start_preload_server(str(folder), with_fairseq(stock_dir, env()))
+
+        def stop():  # when the worker exits: reaped during a test, the server's CPU seconds (its children's
+            server.kill()  # included, counted already from its CPU file) would be charged to that test again
+            server.wait()
+        atexit.register(stop)
+    return stock_dir
 
 
 def has_better_transformer(stock_dir):

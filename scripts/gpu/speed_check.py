@@ -58,7 +58,9 @@ DRY = {"seconds": 2, "processes": 2, "tokens": 512, "start_up_s": 10}
 
 
 def tiny_worker(args):
-    """One process: the tiny recipe's Trainer; updates counted from --t0 for --seconds (a JSON line to --out)."""
+    """One process: the tiny recipe's Trainer; updates counted for --seconds from --t0, or from 1 s after the last of
+    the processes started with it (--ranks, each --out's .ready file) has warmed up if that is sooner (a JSON
+    line to --out)."""
     import torch
 
     torch.set_num_threads(1)
@@ -75,7 +77,11 @@ def tiny_worker(args):
         trainer.train_step([b])
     if device == "cuda":
         torch.cuda.synchronize()
+    write_json(args.out + ".ready", {"at": time.time()})
+    ready = [f"{args.out.rsplit('_', 1)[0]}_{rank}.json.ready" for rank in range(args.ranks)]  # tiny_rate's TAG_RANK.json
     while time.time() < args.t0:
+        if all(os.path.isfile(f) for f in ready):  # each process reads the same files: all start alike
+            args.t0 = min(args.t0, max(json.loads(Path(f).read_text())["at"] for f in ready) + 1.0)
         time.sleep(0.005)
     done, i = 0, 0
     while time.time() < args.t0 + args.seconds:
@@ -98,7 +104,7 @@ def tiny_rate(variant, processes, seconds, env, scratch, tag, tokens, start_up_s
         outs.append(out)
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "tiny-worker", "--variant", variant, "--seed", str(rank + 1), "--t0", str(t0),
-             "--seconds", str(seconds), "--tokens", str(tokens), "--out", str(out)],
+             "--ranks", str(processes), "--seconds", str(seconds), "--tokens", str(tokens), "--out", str(out)],
             cwd=REPO, env={**(env or os.environ), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     errors = []
@@ -192,7 +198,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["tiny-worker"]:
         w = argparse.ArgumentParser()
-        for flag, kind in (("--variant", str), ("--seed", int), ("--t0", float), ("--seconds", float),
+        for flag, kind in (("--variant", str), ("--seed", int), ("--t0", float), ("--ranks", int), ("--seconds", float),
                            ("--tokens", int), ("--out", str)):
             w.add_argument(flag, type=kind, required=True)
         return tiny_worker(w.parse_args(argv[1:]))

@@ -1,6 +1,6 @@
 """A Python process the suite starts hands itself to its worker's fork server (server.py) when it runs one of the
 fairseq commands (`fairseq-train`, `python -m fairseq_cli.generate`, ...) or this project's scripts and modules
-(`scripts/**.py`, `python -m fairseq_plugins ...`), with no interpreter option and no tty; anything else, or a
+(`scripts/**.py`, `python -m fairseq_plugins ...`, the tests' own fairseq-train wrappers `tests/*.py`), with no interpreter option and no tty; anything else, or a
 server that says the process would import differently, starts as usual. Set up by tests/conftest.py (PRELOAD_SOCKET); a test that needs fresh interpreters asks for them by its module
 (conftest.FRESH_MODULES) or PRELOAD=0 turns the server off. Only the cheap built-in modules are imported here."""
 import os
@@ -14,7 +14,8 @@ def _program(argv):
         script = os.path.abspath(argv[1])
         name = os.path.basename(script)
         if ((name.startswith("fairseq-") and os.path.dirname(script) == os.path.dirname(argv[0]))
-                or (name.endswith(".py") and f"{os.sep}scripts{os.sep}" in script)):
+                or (name.endswith(".py") and f"{os.sep}scripts{os.sep}" in script)
+                or (name.endswith(".py") and os.path.basename(os.path.dirname(script)) == "tests")):
             return "script", script
     return None
 
