@@ -211,12 +211,12 @@ def on_the_diagonal(item):
 # helpers/file_order.py), the next file to the first worker with two tests or fewer left, so a long file collected
 # last runs alone at the end while the other worker idles. The files that share a fixture built once per run are
 # far enough apart that neither waits on the other's lock: the study's first run (study, then study_schemes) and
-# the toy models (pipeline's Transformer, hub's relative and FLOATER, which test_precision_decode and test_learning
-# read well after hub: asked for at once, one worker would wait a 12-epoch training out).
-COSTLIEST_FIRST = ("test_multi30k_study", "test_pipeline", "test_multi30k_study_schemes", "test_hub",
-                   "test_multi30k_study_train_short", "test_campaign", "test_own_fairseq", "test_precision", "test_adam_impl",
-                   "test_floater_cuda_graph",
-                   "test_distributed", "test_fairseq_patch",
+# the toy task's three demo models, all trained by test_hub, first (test_precision_decode, test_learning and
+# test_source_dependence read them well after; when test_pipeline's learning test trained the Transformer while
+# test_hub trained the others, test_hub waited 68 s of one core on it).
+COSTLIEST_FIRST = ("test_hub", "test_multi30k_study", "test_multi30k_study_schemes",
+                   "test_multi30k_study_train_short", "test_own_fairseq", "test_distributed", "test_pipeline",
+                   "test_campaign", "test_precision", "test_adam_impl", "test_floater_cuda_graph", "test_fairseq_patch",
                    "test_gpu_bundle", "test_slurm", "test_submit_paper", "test_multi30k_study_retrain", "test_multi30k_smoke",
                    "test_precision_decode", "test_bad_input", "test_readme", "test_learning", "test_position_schemes",
                    "test_configs", "test_launchers", "test_gpu_check")
