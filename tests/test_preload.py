@@ -182,3 +182,45 @@ def test_a_caller_in_a_session_of_its_own_is_signalled_as_a_group(server, tmp_pa
     else:
         assert proc.returncode == -signal.SIGKILL
     assert gone(started["pid"], started["child"]), "the program or its child outlived the signal to the group"
+
+
+ENDINGS = r'''
+import atexit, sys, threading, time
+sys.left_open = open(sys.argv[2], "w")  # held by a module past the program's end, as an imported module's global:
+sys.left_open.write("buffered\n")  # what it holds reaches the file only as the process ends
+atexit.register(lambda: print("atexit ran", flush=True))
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished", flush=True))).start()
+print("main done", flush=True)
+ending = sys.argv[1]
+if ending == "exit 3":
+    sys.exit(3)
+if ending == "exit message":
+    sys.exit("a message")
+if ending == "raise":
+    raise ValueError("raised")
+'''
+
+
+@pytest.mark.parametrize("ending", ["return", "exit 3", "exit message", "raise"])
+def test_a_handed_over_program_ends_as_a_fresh_one(server, tmp_path, ending):
+    """The child leaves without tearing its modules down (that would copy every preloaded page): a non-daemon thread
+    still finishes, atexit still runs, a file the program left open still gets what it wrote, and the exit status
+    and stderr are the interpreter's, as in a fresh process."""
+    script = tmp_path / "scripts" / "endings.py"
+    script.parent.mkdir()
+    script.write_text(ENDINGS)
+    runs = {}
+    for preload in (True, False):
+        e = {**env(), "OMP_NUM_THREADS": "1"}
+        if not preload:
+            e.pop("PRELOAD_SOCKET", None)
+        left_open = tmp_path / f"left_open_{preload}.txt"
+        proc = subprocess.run([sys.executable, str(script), ending, str(left_open)], env=e, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        stderr = proc.stderr.replace(str(script), "SCRIPT")
+        runs[preload] = (proc.returncode, proc.stdout, stderr, left_open.read_text())
+    assert runs[True] == runs[False]
+    code, stdout, stderr, left_open = runs[True]
+    assert code == {"return": 0, "exit 3": 3, "exit message": 1, "raise": 1}[ending]
+    assert stdout == "main done\nthread finished\natexit ran\n" and left_open == "buffered\n", runs[True]
+    assert ("ValueError: raised" in stderr) == (ending == "raise") and ("a message" in stderr) == (ending == "exit message")
