@@ -278,6 +278,46 @@ def test_transformer_flops_count_every_product_of_the_model():
     assert transformer_flops(cfg, len(dictionary), (B, S), (B, T)) == want
 
 
+@pytest.mark.parametrize("dims", ["tiny", "base"])
+def test_the_plugin_attention_baseline_is_the_transformer(dims):
+    """transformer_plugin_attention: fairseq's Transformer of the same size (the same config dims, parameter names and
+    shapes) whose self-attention is the plugins' PositionalSelfAttention; given the Transformer's weights it computes
+    the Transformer's log-probabilities (padding in the batch; float32 rounding: the two attentions scale and sum
+    in other orders)."""
+    from fairseq.modules import MultiheadAttention
+    from fairseq_plugins.models._base import RECORD
+    from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
+    from tooling.bench.models import BASELINE, DIMS, PLUGIN_BASELINE, model_specs, synthetic_dictionary
+    from tooling.bench.regime import build_trainer, regime_archs
+
+    dictionary = synthetic_dictionary(120)
+    specs = model_specs(dims, 100, archs=regime_archs(dims))
+    (want, want_cfg), (got, got_cfg) = ((t.model, t.cfg.model) for t in (
+        build_trainer(*specs[name][:2], "fp32", dictionary, "cpu", 1, kind=specs[name][2])
+        for name in (BASELINE, PLUGIN_BASELINE)))
+    assert {k: getattr(got_cfg, k) for k in DIMS} == {k: getattr(want_cfg, k) for k in DIMS}
+    assert want_cfg.arch == specs[BASELINE][0] and got_cfg.position_scheme == "sinusoidal"
+    mine = {RECORD: got.state_dict()[RECORD]}  # the plugins' record of the model's schemes, a buffer of their own
+    assert {k: v.shape for k, v in got.state_dict().items() if k not in mine} == \
+        {k: v.shape for k, v in want.state_dict().items()}
+    layers = [*got.encoder.layers, *got.decoder.layers]
+    assert all(type(layer.self_attn) is PositionalSelfAttention for layer in layers)
+    assert all(type(layer.self_attn) is MultiheadAttention for layer in [*want.encoder.layers, *want.decoder.layers])
+    if dims == "base":
+        return  # the forward at base dims: the tiny case checks the same code
+    got.load_state_dict({**want.state_dict(), **mine})
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, len(dictionary), (3, 9), generator=g)
+    src[1, :3] = dictionary.pad()  # fairseq pads sources on the left
+    prev = torch.randint(4, len(dictionary), (3, 7), generator=g)
+    prev[2, 5:] = dictionary.pad()
+    lengths = src.ne(dictionary.pad()).sum(1)
+    want.eval(), got.eval()
+    with torch.no_grad():
+        a, b = (m(src, lengths, prev)[0] for m in (want, got))
+    assert torch.allclose(a, b, rtol=0, atol=1e-5), float((a - b).abs().max())
+
+
 def test_the_regime_reports_tokens_per_second_ratios_and_flops(tmp_path):
     """--regime --quick in every precision (fairseq's Trainer: FP16Optimizer for --fp16/--bf16, AMPOptimizer for
     --amp): a row per model with tokens/s, the ratio to the Transformer, FLOPs and their rate, decoding too."""
@@ -396,14 +436,30 @@ def test_count_ops_of_the_users_update_names_every_sync(tmp_path):
 @pytest.mark.slow
 def test_the_speed_checks_dry_run_writes_its_figures(tmp_path):
     """scripts/gpu/speed_check.sh --dry-run: the device script's every step on CPU at tiny dims: both updates' regime
-    runs (JSON, with the first group's profile), the tiny recipe alone and two processes side by side counting their
-    updates, CUDA MPS's fallback where it cannot start, and the tables."""
+    runs (JSON, with the first group's profile), the exactness of the fused update against the default (on CPU:
+    within the bounds, the default twice bit for bit), the tiny recipe alone and two processes side by side counting
+    their updates, CUDA MPS's fallback where it cannot start, the schemes' ratios to both baselines, and the tables."""
     out = tmp_path / "out"
     proc = run(["bash", "scripts/gpu/speed_check.sh", "--dry-run", "--out-dir", str(out)])
-    assert sorted(p.name for p in out.iterdir()) == ["regime_tiny_default.json", "regime_tiny_fused.json",
-                                                    "speed_check.md", "tiny_rates.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["exactness.json", "regime_schemes.json", "regime_tiny_default.json",
+                                                    "regime_tiny_fused.json", "speed_check.md", "tiny_rates.json"]
     md = (out / "speed_check.md").read_text()
     assert md.strip() in proc.stdout and "tiny default: ok" in md and "tiny fused: ok" in md
+    assert "exactness: ok" in md and "schemes: ok" in md
+    exact = json.loads((out / "exactness.json").read_text())
+    assert exact["ok"] and [p["precision"] for p in exact["precisions"]] == ["fp32", "bf16", "amp"]
+    for p in exact["precisions"]:  # on CPU two runs of the default are bit for bit; the fused one is not
+        assert p["default_twice"] == [0.0] * 3 and 0 < p["fused"][0] <= p["bound"]
+        assert f"| {p['precision']} | " in md
+    free = exact["free_running"]
+    assert free["updates"] == 5 and free["default_twice_loss"] == 0 and free["fused_loss"] <= 1e-4 and free["learned"]
+    schemes = {r["model"]: r for r in json.loads((out / "regime_schemes.json").read_text())["rows"]}
+    assert set(schemes) == {"transformer", "relative", "floater_every100", "transformer_plugin_attention"}
+    assert schemes["transformer_plugin_attention"]["plugin_train_ratio"] == 1 == schemes["transformer"]["train_ratio"]
+    for name, r in schemes.items():
+        assert r["precision"] == "bf16" and f"| {name} | " in md
+        assert r["plugin_train_ratio"] == pytest.approx(
+            r["train_ratio"] / schemes["transformer_plugin_attention"]["train_ratio"])
     for variant, flags in (("default", []), ("fused", ["--fused-update", "--adam-impl", "torch"])):
         res = json.loads((out / f"regime_tiny_{variant}.json").read_text())
         assert res["settings"]["train_flags"] == " ".join(flags) and res["profiles"]["models"]
@@ -428,3 +484,20 @@ def test_the_speed_check_without_a_gpu_refuses_in_one_line_and_writes_nothing(tm
     assert proc.returncode == 1 and proc.stdout.strip().splitlines()[-1] == \
         "speed_check.py: no CUDA device (on CPU: --dry-run)", proc.stdout
     assert not out.exists()
+
+
+def test_the_speed_checks_scheme_step_measures_every_scheme():
+    """Its GPU call: every scheme of the table, FLOATER exact, graphed and cached, both baselines, valid for bench.py."""
+    import importlib.util
+
+    from fairseq_plugins.schemes import MODELS as SCHEME_TABLE
+    from tooling.bench.models import GRAPH, PLUGIN_BASELINE, model_specs
+
+    spec = importlib.util.spec_from_file_location("speed_check", "scripts/gpu/speed_check.py")
+    speed_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed_check)
+    args = speed_check.schemes_args(Path("r.json"), Path("r.md"), dry_run=False)
+    models = args[args.index("--models") + 1].split(",")
+    assert set(SCHEME_TABLE) - {"transformer"} <= set(models)
+    assert {GRAPH, "floater_every100", PLUGIN_BASELINE} <= set(models) <= set(model_specs("base", 100))
+    assert args[args.index("--device") + 1] == "cuda" and f"--train-flags={speed_check.FUSED}" in args

@@ -7,15 +7,22 @@ what it measured:
    amp at 8,192 and 16,384 tokens, 20 timed updates after 3, fairseq's Transformer and Shaw's model, once with
    fairseq's default update and once with the fused one, one update of each profiled (torch.profiler's top
    operators) in the first group; each bench call writes its JSON after every group;
-2. the study's tiny recipe (transformer_tiny with scripts/study/multi30k_study.sh's MODEL_ARGS, fp32, 4,096 tokens,
+2. exactness (tooling/bench/exactness.py): the fused update against the default one on this device, each precision
+   from the same weights on the same batches (base dims, 8,192 tokens), and 50 free-running fp32 updates of the tiny
+   recipe, beside the default run twice (the device's own floor);
+3. the study's tiny recipe (transformer_tiny with scripts/study/multi30k_study.sh's MODEL_ARGS, fp32, 4,096 tokens,
    fairseq's Trainer): its updates/s alone and 16 processes side by side (one thread each), default and fused,
    side by side once without and once with CUDA MPS (`nvidia-cuda-mps-control -d`, its pipe and log folders in a
    scratch folder, stopped at the end; where it does not start the report says why);
-3. big dims as 1.
+4. every scheme: bench.py --regime at base dims, bf16, 8,192 tokens, the fused update, each model's ratio to
+   fairseq's Transformer and to the same model through the plugins' attention (transformer_plugin_attention);
+   FLOATER exact (and with its CUDA-graph solve) and with --floater-update-every 100 (the dry run: DRY_SCHEMES);
+5. big dims as 1.
 
-Writes to --out-dir: regime_{dims}_{default,fused}.json, tiny_rates.json and speed_check.md (tokens/s side by side
-and the speed-up; the tiny rates), seven files at most. --dry-run: on CPU at tiny dims, one update per group, two
-processes side by side for two seconds (checks the script; no figure).
+Writes to --out-dir: regime_{base,big}_{default,fused}.json, regime_schemes.json, exactness.json, tiny_rates.json and
+speed_check.md (tokens/s side by side and the speed-up; the exactness; the tiny rates; the schemes' ratios), eight
+files at most. --dry-run: on CPU at tiny dims, one update per group, two processes side by side for two seconds,
+five free-running updates (checks the script; no figure).
 """
 import argparse
 import json
@@ -30,10 +37,48 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 from tooling.atomic import write_json, write_text  # noqa: E402
 from tooling.gpu import mps as mps_service  # noqa: E402
+from tooling.bench.models import BASELINE, PLUGIN_BASELINE, SHARED, model_specs  # noqa: E402
 from tooling.gpu.campaign_jobs import study_model_args  # noqa: E402
 
 FUSED = "--fused-update --adam-impl torch"
 VARIANTS = {"default": "", "fused": FUSED}
+
+
+DRY_SCHEMES = ("relative", "floater_every100", PLUGIN_BASELINE)  # the dry run's: the same code as every model's
+
+
+def scheme_models(dry_run):
+    """Every model of the table (and the two baselines): FLOATER exact, with its CUDA-graph solve and cached
+    (--floater-update-every 100); the dry run a few."""
+    if dry_run:
+        return list(DRY_SCHEMES)
+    return [n for n in model_specs("base", 100) if n not in (BASELINE, SHARED)]
+
+
+def schemes_args(out_json, out_md, dry_run):
+    args = ["--regime", "--precision", "bf16", "--models", ",".join(scheme_models(dry_run)), "--no-decode",
+            f"--train-flags={FUSED}", "--out-json", str(out_json), "--out-md", str(out_md), "--silent"]
+    if dry_run:
+        return args + ["--dims", "tiny", "--device", "cpu", "--max-tokens", "512", "--updates", "1", "--warmup", "0",
+                       "--vocab", "1000", "--threads", "1"]
+    return args + ["--dims", "base", "--device", "cuda", "--max-tokens", "8192", "--updates", "10", "--warmup", "3"]
+
+
+def exactness_step(out_json, dry_run):
+    """exactness.json (tooling/bench/exactness.py), in a process of its own like the bench calls."""
+    import torch
+
+    from tooling.bench import exactness
+
+    if dry_run:
+        torch.set_num_threads(1)
+        result = exactness.run("cpu", "tiny", 512, ["fp32", "bf16", "amp"], study_model_args().split(), 512,
+                               loss_updates=5)
+    else:
+        result = exactness.run("cuda", "base", 8192, ["fp32", "amp", "bf16", "fp16"], study_model_args().split(),
+                               TINY_TOKENS)
+    write_json(out_json, result, indent=1)
+    return 0 if result["ok"] else 1
 
 
 def bench_args(dims, variant, out_json, out_md, dry_run):
@@ -159,6 +204,47 @@ def tiny_rates(out_dir, dry_run, scratch, deadline):
     return result
 
 
+def exactness_lines(path):
+    """The fused update against the default one: the largest relative difference of the master weights after each
+    update (and the default run twice: the floor), the free run's losses."""
+    if not path.is_file():
+        return []
+    e = json.loads(path.read_text())
+    out = ["", f"Exactness on {e['device']} ({e['dims']} dims, {e['model']}, {e['tokens']:,} tokens, {e['flags']}): "
+           f"`{e['fused']}` against fairseq's default update; master weights, max |a − b| / max |a| over tensors, "
+           "after each update (the first is judged)", "",
+           "| precision | fused − default | default − default (floor) | bound (first update) | within |",
+           "|---|---|---|---:|---|"]
+    for p in e["precisions"]:
+        out.append(f"| {p['precision']} | {', '.join(f'{x:.2g}' for x in p['fused'])} | "
+                   f"{', '.join(f'{x:.2g}' for x in p['default_twice'])} | {p['bound']:g} | "
+                   f"{'yes' if p['ok'] else 'NO'} |")
+    f = e.get("free_running")
+    if f:
+        out += ["", f"fp32, {f['model']}, {f['tokens']:,} tokens, {f['updates']} free-running updates: losses within "
+                f"{f['fused_loss']:.2g} relative of the default's (bound {f['bound']:g}: "
+                f"{'within' if f['ok'] else 'NOT within'}; the default twice: {f['default_twice_loss']:.2g}); "
+                f"weights after them {f['fused_weights']:.2g} (twice: {f['default_twice_weights']:.2g}); loss "
+                f"{f['losses_default'][0]:.3f} → {f['losses_default'][-1]:.3f}"]
+    return out
+
+
+def scheme_lines(path):
+    """Each scheme's time per token over the two baselines' (1.10× = 10 % slower)."""
+    if not path.is_file():
+        return []
+    res = json.loads(path.read_text())
+    out = ["", "Every scheme, `--fused-update --adam-impl torch`: time per target token over fairseq's Transformer's "
+           f"and over {PLUGIN_BASELINE}'s (the same model through the plugins' attention)", "",
+           "| dims | precision | max tokens | model | tokens/s | over transformer | over plugin attention |",
+           "|---|---|---:|---|---:|---:|---:|"]
+    for r in res["rows"]:
+        plugin = r.get("plugin_train_ratio")
+        out.append(f"| {r['dims']} | {r['precision']} | {r['max_tokens']:,} | {r['model']} | {r['tokens_per_s']:,.0f} | "
+                   f"{r['train_ratio']:.2f}× | {f'{plugin:.2f}×' if plugin else '—'} |")
+    return out
+
+
 def summary(out_dir, runs, started, setup_s):
     """speed_check.md: per (dims, precision, tokens, model) tokens/s of the default and the fused update."""
     rows = {}
@@ -171,7 +257,7 @@ def summary(out_dir, runs, started, setup_s):
             rows.setdefault(key, {})[variant] = r["tokens_per_s"]
     lines = ["# The training update's speed: fairseq's default update and --fused-update --adam-impl torch", "",
              f"Set-up {setup_s or 0} s; measured {time.time() - started:.0f} s. Each bench call: "
-             + "; ".join(f"{d} {v}: {s}" for (d, v), s in runs.items()), "",
+             + "; ".join(f"{d}{' ' + v if v else ''}: {s}" for (d, v), s in runs.items()), "",
              "| dims | precision | max tokens | model | default tokens/s | fused tokens/s | speed-up |",
              "|---|---|---:|---|---:|---:|---:|"]
     for (dims, precision, tokens, model), v in rows.items():
@@ -179,6 +265,7 @@ def summary(out_dir, runs, started, setup_s):
         ratio = f"{b / a:.2f}×" if a and b else "—"
         lines.append(f"| {dims} | {precision} | {tokens:,} | {model} | {a and f'{a:,.0f}' or '—'} | "
                      f"{b and f'{b:,.0f}' or '—'} | {ratio} |")
+    lines += exactness_lines(out_dir / "exactness.json")
     tiny = out_dir / "tiny_rates.json"
     if tiny.is_file():
         t = json.loads(tiny.read_text())
@@ -189,6 +276,7 @@ def summary(out_dir, runs, started, setup_s):
             value = r.get("skipped") or f"{r['updates_per_s']:,.1f}" + (f" ({len(r['errors'])} failed: "
                                                                          f"{r['errors'][0]})" if r["errors"] else "")
             lines.append(f"| {r['variant']} | {r['processes']} | {'yes' if r['mps'] else 'no'} | {value} |")
+    lines += scheme_lines(out_dir / "regime_schemes.json")
     text = "\n".join(lines) + "\n"
     write_text(out_dir / "speed_check.md", text)
     return text
@@ -196,6 +284,12 @@ def summary(out_dir, runs, started, setup_s):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["exactness"]:
+        w = argparse.ArgumentParser()
+        w.add_argument("--out", required=True)
+        w.add_argument("--dry-run", action="store_true")
+        a = w.parse_args(argv[1:])
+        return exactness_step(Path(a.out), a.dry_run)
     if argv[:1] == ["tiny-worker"]:
         w = argparse.ArgumentParser()
         for flag, kind in (("--variant", str), ("--seed", int), ("--t0", float), ("--ranks", int), ("--seconds", float),
@@ -217,8 +311,9 @@ def main(argv=None):
             raise SystemExit("speed_check.py: no CUDA device (on CPU: --dry-run)")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    steps = [("tiny", v) for v in VARIANTS] + [("rates", None)] if args.dry_run else \
-        [("base", v) for v in VARIANTS] + [("rates", None)] + [("big", v) for v in VARIANTS]
+    first = "tiny" if args.dry_run else "base"
+    steps = [(first, v) for v in VARIANTS] + [("exactness", None), ("rates", None), ("schemes", None)] + \
+        ([] if args.dry_run else [("big", v) for v in VARIANTS])
     runs = {}
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
@@ -232,9 +327,15 @@ def main(argv=None):
             if left < 20:
                 runs[dims, variant] = "not run (budget spent)"
                 continue
-            out_json = out_dir / f"regime_{dims}_{variant}.json"
-            cmd = [sys.executable, str(REPO / "scripts" / "bench" / "bench.py"),
-                   *bench_args(dims, variant, out_json, scratch / f"{dims}_{variant}.md", args.dry_run)]
+            bench = [sys.executable, str(REPO / "scripts" / "bench" / "bench.py")]
+            if dims == "exactness":
+                cmd = [sys.executable, __file__, "exactness", "--out", str(out_dir / "exactness.json")] + \
+                    (["--dry-run"] if args.dry_run else [])
+            elif dims == "schemes":
+                cmd = bench + schemes_args(out_dir / "regime_schemes.json", scratch / "schemes.md", args.dry_run)
+            else:
+                cmd = bench + bench_args(dims, variant, out_dir / f"regime_{dims}_{variant}.json",
+                                         scratch / f"{dims}_{variant}.md", args.dry_run)
             t0 = time.time()
             try:
                 proc = subprocess.run(cmd, cwd=REPO, timeout=left, capture_output=True, text=True)
@@ -243,7 +344,7 @@ def main(argv=None):
             except subprocess.TimeoutExpired:
                 status = "cut at the budget (the groups it finished are kept)"
             runs[dims, variant] = f"{status}, {time.time() - t0:.0f} s"
-            print(f"speed_check: {dims} {variant}: {runs[dims, variant]}", file=sys.stderr, flush=True)
+            print(f"speed_check: {dims} {variant or ''}: {runs[dims, variant]}", file=sys.stderr, flush=True)
             summary(out_dir, runs, started, setup_s)
     print(summary(out_dir, runs, started, setup_s))
     return 0 if all(s.startswith("ok") for s in runs.values()) else 1

@@ -14,6 +14,8 @@ from typing import Dict, List, Optional
 import torch
 
 from fairseq_plugins.schemes import SCHEMES, by_model
+# the optimizer's float32 master weights and their comparison: the speed check's exactness step uses them too
+from tooling.bench.exactness import difference, master_params, named_master_params  # noqa: F401
 
 # (mode name, fairseq-train flags, settings that fairseq-hydra-train would give and the flags cannot)
 MODES = {
@@ -88,36 +90,6 @@ def master_grads(trainer) -> Dict[int, Optional[torch.Tensor]]:
             return grads
         return {id(p): p32.grad for p, p32 in zip(opt.fp16_params, opt.fp32_params)}
     return {id(p): None if p.grad is None else p.grad.float() for p in params}
-
-
-def master_params(trainer) -> Dict[int, torch.Tensor]:
-    """id(model parameter) → the float32 values the optimizer keeps for it (a copy)."""
-    from fairseq.optim.fp16_optimizer import FP16Optimizer
-
-    opt = trainer.optimizer
-    if isinstance(opt, FP16Optimizer):
-        if opt.has_flat_params:
-            (flat,) = opt.fp32_params.values()
-            out, offset = {}, 0
-            for p in opt.fp16_params:
-                out[id(p)] = flat.data[offset: offset + p.numel()].view(p.shape).clone()
-                offset += p.numel()
-            return out
-        return {id(p): p32.data.clone() for p, p32 in zip(opt.fp16_params, opt.fp32_params)}
-    return {id(p): p.detach().float().clone() for p in trainer.model.parameters()}
-
-
-def named_master_params(trainer) -> Dict[str, torch.Tensor]:
-    """Parameter name → the float32 values the optimizer keeps for it (master_params by name)."""
-    values = master_params(trainer)
-    return {name: values[id(p)] for name, p in trainer.model.named_parameters()}
-
-
-def difference(a, b) -> float:
-    """The largest over tensors of max |a - b| / max |a| (a and b: the same keys → tensor)."""
-    assert a.keys() == b.keys()
-    return max(float((a[k].double() - b[k].double()).abs().max() / a[k].double().abs().max().clamp_min(1e-30))
-               for k in a)
 
 
 def reference_grads(trainer, sample) -> Dict[int, Optional[torch.Tensor]]:

@@ -53,7 +53,8 @@ def main(argv=None, command=None):
     p.add_argument("--models", default="relative,floater,floater_cached",
                    help="compared with the transformer: any of relative, floater, floater_cached (needs floater), "
                         "floater_graph (FLOATER with --floater-cuda-graph: --device cuda), floater_shared (with "
-                        "--floater-shared-solve; --regime), " + ", ".join(SCHEME_NAMES))
+                        "--floater-shared-solve; --regime), transformer_plugin_attention (the transformer with the plugins' "
+                        "self-attention: --regime gives each model's ratio to it too), " + ", ".join(SCHEME_NAMES))
     p.add_argument("--floater-every", type=int, default=100, help="N of the cached FLOATER (--floater-update-every N)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--clock", choices=CLOCKS, default=None,

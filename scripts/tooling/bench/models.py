@@ -2,12 +2,16 @@
 tooling.bench.ops and the GPU check's section floater_graph import them).
 
     ARCHS[dims][model]     (architecture, flags) of every scheme of the table, at equal dims per size
-    model_specs(dims, N)   name -> (arch, flags, kind) of every model the benchmark compares (FLOATER exact and cached)
+    model_specs(dims, N)   name -> (arch, flags, kind) of every model the benchmark compares (FLOATER exact and cached;
+                           the baseline twice: fairseq's attention and the plugins')
+    building(kind)         the context a model of that kind is built in
     Bundle.build(...)      task, model, criterion and fairseq's Adam, as fairseq-train builds them; .train_update
     random_batch(...)      B random sentences of T tokens on both sides, laid out as fairseq's collater does
 """
+import argparse
 import logging
 import warnings
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -40,6 +44,16 @@ ARCHS = {dims: {name: (scheme.arch(dims), list(scheme.flags) + (BASE_FFN if dims
 SCHEME_NAMES = tuple(n for n in SCHEME_TABLE if n not in ("transformer", "relative", "floater"))
 BASELINE = "transformer"
 GRAPH = "floater_graph"  # the exact FLOATER with --floater-cuda-graph
+# The baseline again with its self-attention through the plugins' (PositionalSelfAttention: torch's fused
+# scaled_dot_product_attention with the scheme's float mask), as every score-bias scheme's: the same model (same
+# parameters, names and maths), so a scheme's ratio to it is its scheme's cost alone, and a scheme cannot look fast
+# because fairseq's attention is slow (its ratio to BASELINE says that one)
+PLUGIN_BASELINE = "transformer_plugin_attention"
+PLUGIN_ATTENTION = "plugin_attention"  # its kind
+# what fairseq's architecture functions set per size and position_transformer's must be given to match them
+DIMS = ("encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_layers", "encoder_attention_heads",
+        "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads",
+        "dropout", "attention_dropout", "activation_dropout")
 SHARED = "floater_shared"  # the exact FLOATER with --floater-shared-solve (one solve per --update-freq update)
 
 
@@ -58,7 +72,41 @@ def model_specs(dims, floater_every, archs=None):
         SHARED: (archs["floater"][0], archs["floater"][1] + ["--floater-update-every", "1", "--floater-shared-solve"],
                  "floater"),
         **{name: (*archs[name], name) for name in SCHEME_NAMES},
+        PLUGIN_BASELINE: ("position_transformer", ["--position-scheme", "sinusoidal", *size_flags(dims),
+                                                   *archs["transformer"][1]], PLUGIN_ATTENTION),
     }
+
+
+def size_flags(dims):
+    """The flags that give position_transformer (fairseq's base dims) the dims of the table's size `dims`."""
+    from fairseq_plugins.models.position_transformer import SIZE_DIMS
+
+    args = argparse.Namespace()
+    SIZE_DIMS[dims](args)
+    return [x for name in DIMS for x in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
+
+
+@contextmanager
+def _null_scheme_attention():
+    """Sinusoidal stacks whose self-attention is the plugins' with a scheme that adds nothing (the contract's
+    defaults: no projection bias, no rotation, no logit bias): fairseq's Transformer through PositionalSelfAttention."""
+    from fairseq_plugins.modules.position_scheme import PositionScheme, Sinusoidal
+
+    own = "build" in Sinusoidal.__dict__  # else PositionScheme's, inherited
+    saved = Sinusoidal.__dict__.get("build")
+    Sinusoidal.build = classmethod(lambda cls, cfg, heads, head_dim, causal: PositionScheme())
+    try:
+        yield
+    finally:
+        if own:
+            Sinusoidal.build = saved
+        else:
+            del Sinusoidal.build
+
+
+def building(kind):
+    """The context a model of `kind` (model_specs' third field) is built in."""
+    return _null_scheme_attention() if kind == PLUGIN_ATTENTION else nullcontext()
 
 
 def synthetic_dictionary(size):
@@ -92,7 +140,8 @@ class Bundle:
                                            argv + (["--cpu"] if device == "cpu" else []))
         task = TranslationTask(args, dictionary, dictionary)
         torch.manual_seed(seed)
-        model = task.build_model(args).to(device)
+        with building(kind):
+            model = task.build_model(args).to(device)
         criterion = task.build_criterion(args).to(device)
         optimizer = optim.build_optimizer(args, [p for p in model.parameters() if p.requires_grad])
         return cls(task, model, criterion, optimizer, kind=kind)

@@ -35,8 +35,8 @@ import time
 import torch
 
 from tooling.bench import length_mix
-from tooling.bench.models import BASELINE, COMMON_FLAGS, GRAPH, PLUGINS, SHARED, SCHEME_TABLE, model_specs, \
-    synthetic_dictionary
+from tooling.bench.models import BASELINE, COMMON_FLAGS, GRAPH, PLUGIN_BASELINE, PLUGINS, SHARED, SCHEME_TABLE, \
+    building, model_specs, synthetic_dictionary
 from tooling.bench.timing import CLOCKS, load_average, machine, profile_call, rotated, source_state, timed
 
 PRECISIONS = {"fp32": [], "amp": ["--amp"], "bf16": ["--bf16"], "fp16": ["--fp16"]}
@@ -54,7 +54,7 @@ def regime_archs(dims):
             for name, scheme in SCHEME_TABLE.items()}
 
 
-def build_trainer(arch, flags, precision, dictionary, device, seed):
+def build_trainer(arch, flags, precision, dictionary, device, seed, kind=None):
     """fairseq's Trainer for `arch` in `precision`, built as fairseq-train builds it (no data directory: the
     task gets the synthetic dictionary). On CPU, fp16 adds --fp16-no-flatten-grads (fairseq's flat fp32 copy of
     the parameters is made on a CUDA device)."""
@@ -70,7 +70,8 @@ def build_trainer(arch, flags, precision, dictionary, device, seed):
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
     task = TranslationTask(cfg.task, dictionary, dictionary)
     utils.set_torch_seed(seed)
-    model = task.build_model(cfg.model)
+    with building(kind):  # model_specs' kind
+        model = task.build_model(cfg.model)
     return Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
 
 
@@ -156,7 +157,8 @@ def run_regime(args, progress=None):
         specs = model_specs(dims, args.floater_every, archs=regime_archs(dims))
         names = [n for n in specs if n == BASELINE or n in args.models.split(",")]
         for precision in args.precision.split(","):
-            trainers = {n: build_trainer(specs[n][0], specs[n][1] + list(getattr(args, "update_flags", [])), precision, dictionary, device, args.seed)
+            trainers = {n: build_trainer(specs[n][0], specs[n][1] + list(getattr(args, "update_flags", [])), precision,
+                                         dictionary, device, args.seed, kind=specs[n][2])
                         for n in names}
             params = {n: sum(p.numel() for p in t.model.parameters()) for n, t in trainers.items()}
             for max_tokens in (int(x) for x in str(args.max_tokens).split(",")):
@@ -231,8 +233,11 @@ def measure(args, trainers, names, dictionary, pairs, dims, precision, max_token
             row.update(decode_tokens=out, decode_sentences=sum(b["nsentences"] for b in decode_sets),
                        decode_s=dict(zip(CLOCKS, elapsed)), decode_tokens_per_s=out / max(elapsed[clock], 1e-12))
     base = next(r for r in rows if r["model"] == BASELINE)
+    plugin = next((r for r in rows if r["model"] == PLUGIN_BASELINE), None)
     for r in rows:  # time ratios: the Transformer's tokens/s over the model's (1.10× = 10% slower)
         r["train_ratio"] = base["tokens_per_s"] / r["tokens_per_s"]
+        if plugin is not None:  # and to the same model through the plugins' attention
+            r["plugin_train_ratio"] = plugin["tokens_per_s"] / r["tokens_per_s"]
         if "decode_tokens_per_s" in r:
             r["decode_ratio"] = base["decode_tokens_per_s"] / r["decode_tokens_per_s"]
     log(f"regime {dims} {precision} {max_tokens}: " + "  ".join(

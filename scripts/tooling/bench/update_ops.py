@@ -107,9 +107,9 @@ def count_update_ops(args):
             batches = fullest[1:WARM_UPDATES + 1] + fullest[:1]
             for precision in args.precision.split(","):
                 for name in names:
-                    arch, flags, _ = specs[name]
+                    arch, flags, kind = specs[name]
                     trainer = build_trainer(arch, flags + list(args.update_flags), precision, dictionary,
-                                            args.device, args.seed)
+                                            args.device, args.seed, kind=kind)
                     row = {"dims": dims, "precision": precision, "max_tokens": max_tokens, "model": name,
                            "arch": arch, "sentences": batches[WARM_UPDATES]["nsentences"],
                            **count_update(trainer, batches)}
