@@ -501,3 +501,12 @@ def test_the_speed_checks_scheme_step_measures_every_scheme():
     assert set(SCHEME_TABLE) - {"transformer"} <= set(models)
     assert {GRAPH, "floater_every100", PLUGIN_BASELINE} <= set(models) <= set(model_specs("base", 100))
     assert args[args.index("--device") + 1] == "cuda" and f"--train-flags={speed_check.FUSED}" in args
+
+
+def test_the_speed_check_refuses_an_unknown_step_in_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    proc = run([sys.executable, "scripts/gpu/speed_check.py", "--dry-run", "--steps", "base,nosuch", "--out-dir",
+                str(out)], check=False)
+    assert proc.returncode == 2 and not out.exists()
+    assert proc.stdout.strip().splitlines()[-1].endswith(  # run() merges stderr into stdout
+        "--steps base,nosuch: expected a comma-separated list of base, exactness, rates, schemes, big")

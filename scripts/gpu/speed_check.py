@@ -22,7 +22,8 @@ what it measured:
 Writes to --out-dir: regime_{base,big}_{default,fused}.json, regime_schemes.json, exactness.json, tiny_rates.json and
 speed_check.md (tokens/s side by side and the speed-up; the exactness; the tiny rates; the schemes' ratios), eight
 files at most. --dry-run: on CPU at tiny dims, one update per group, two processes side by side for two seconds,
-five free-running updates (checks the script; no figure).
+five free-running updates (checks the script; no figure). --steps runs some of them (in the order above): a second
+call takes what the first left for its budget (`--steps schemes,big`).
 """
 import argparse
 import json
@@ -94,6 +95,7 @@ def bench_args(dims, variant, out_json, out_md, dry_run):
 
 # ---- the tiny recipe's updates/s, alone and side by side, with and without CUDA MPS -------------------------------
 
+STEPS = ("base", "exactness", "rates", "schemes", "big")  # the call's steps, in order (docstring)
 TINY_TOKENS = 4096
 SIDE_BY_SIDE = 16
 
@@ -300,7 +302,14 @@ def main(argv=None):
     p.add_argument("--out-dir", required=True)
     p.add_argument("--budget", type=float, default=420, help="seconds for the call, set-up included (default 420)")
     p.add_argument("--dry-run", action="store_true", help="on CPU at tiny dims (checks the script)")
+    p.add_argument("--steps", default=",".join(STEPS),
+                   help="which steps, in this order: any of %(default)s (default: all; a second call can take what "
+                        "the first left for the budget; the dry run has no big step)")
     args = p.parse_args(argv)
+    asked = args.steps.split(",")
+    unknown = [x for x in asked if x not in STEPS]
+    if unknown or not asked:
+        p.error(f"--steps {args.steps}: expected a comma-separated list of {', '.join(STEPS)}")
     started = float(os.environ.get("SPEED_CHECK_STARTED") or time.time())
     setup_s = os.environ.get("SPEED_CHECK_SETUP_SECONDS")
     deadline = started + args.budget - 10  # 10 s for the summary
@@ -311,14 +320,14 @@ def main(argv=None):
             raise SystemExit("speed_check.py: no CUDA device (on CPU: --dry-run)")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    first = "tiny" if args.dry_run else "base"
-    steps = [(first, v) for v in VARIANTS] + [("exactness", None), ("rates", None), ("schemes", None)] + \
-        ([] if args.dry_run else [("big", v) for v in VARIANTS])
+    steps = [(("tiny" if args.dry_run else step) if step in ("base", "big") else step, variant)
+             for step in STEPS if step in asked and not (args.dry_run and step == "big")
+             for variant in (VARIANTS if step in ("base", "big") else [None])]
     runs = {}
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         for dims, variant in steps:
-            if dims == "rates":
+            if dims == "rates":  # its rows each check the budget
                 rates = tiny_rates(out_dir, args.dry_run, scratch, deadline)
                 runs["tiny", "rates"] = "ok" if all(not r.get("errors") for r in rates["rows"]) else "failed"
                 summary(out_dir, runs, started, setup_s)
