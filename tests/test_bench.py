@@ -510,3 +510,22 @@ def test_the_speed_check_refuses_an_unknown_step_in_one_line_and_writes_nothing(
     assert proc.returncode == 2 and not out.exists()
     assert proc.stdout.strip().splitlines()[-1].endswith(  # run() merges stderr into stdout
         "--steps base,nosuch: expected a comma-separated list of base, exactness, rates, schemes, big")
+
+
+def test_an_exactness_part_that_fails_is_reported_and_the_others_run(monkeypatch):
+    """An fp16 loss scale that overflows makes the first update fail: that precision is reported failed, in one line,
+    and the next precision and the free run still run (so a call on a device keeps what it can measure)."""
+    from tooling.bench import exactness
+    from tooling.gpu.campaign_jobs import study_model_args
+
+    monkeypatch.setattr(exactness, "COMPARED", [*exactness.COMPARED, "--fp16-init-scale", str(2 ** 40)])
+    seen = []
+    result = exactness.run("cpu", "tiny", 256, ["fp16", "fp32"], study_model_args().split(), 256, loss_updates=2,
+                           progress=lambda r: seen.append(len(r["precisions"])))
+    fp16, fp32 = result["precisions"]
+    # on a GPU: "RuntimeError: update 1 was skipped"; on CPU fairseq's overflow path itself asks for CUDA first
+    assert {k: v for k, v in fp16.items() if k != "error"} == {"precision": "fp16", "bound": exactness.BOUNDS["fp16"],
+                                                               "ok": False}
+    assert fp16["error"] in ("RuntimeError: update 1 was skipped",
+                             "AssertionError: Torch not compiled with CUDA enabled"), fp16["error"]
+    assert fp32["ok"] and result["free_running"]["ok"] and not result["ok"] and seen == [1, 2, 2]

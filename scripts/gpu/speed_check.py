@@ -71,14 +71,16 @@ def exactness_step(out_json, dry_run):
 
     from tooling.bench import exactness
 
+    def progress(result):  # a call cut short keeps the parts it finished
+        write_json(out_json, result, indent=1)
+
     if dry_run:
         torch.set_num_threads(1)
         result = exactness.run("cpu", "tiny", 512, ["fp32", "bf16", "amp"], study_model_args().split(), 512,
-                               loss_updates=5)
+                               loss_updates=5, progress=progress)
     else:
         result = exactness.run("cuda", "base", 8192, ["fp32", "amp", "bf16", "fp16"], study_model_args().split(),
-                               TINY_TOKENS)
-    write_json(out_json, result, indent=1)
+                               TINY_TOKENS, progress=progress)
     return 0 if result["ok"] else 1
 
 
@@ -218,11 +220,16 @@ def exactness_lines(path):
            "| precision | fused − default | default − default (floor) | bound (first update) | within |",
            "|---|---|---|---:|---|"]
     for p in e["precisions"]:
+        if "error" in p:
+            out.append(f"| {p['precision']} | failed: {p['error']} | — | {p['bound']:g} | NO |")
+            continue
         out.append(f"| {p['precision']} | {', '.join(f'{x:.2g}' for x in p['fused'])} | "
                    f"{', '.join(f'{x:.2g}' for x in p['default_twice'])} | {p['bound']:g} | "
                    f"{'yes' if p['ok'] else 'NO'} |")
     f = e.get("free_running")
-    if f:
+    if f and "error" in f:
+        out += ["", f"fp32, {f['model']}, {f['updates']} free-running updates: failed: {f['error']}"]
+    elif f:
         out += ["", f"fp32, {f['model']}, {f['tokens']:,} tokens, {f['updates']} free-running updates: losses within "
                 f"{f['fused_loss']:.2g} relative of the default's (bound {f['bound']:g}: "
                 f"{'within' if f['ok'] else 'NOT within'}; the default twice: {f['default_twice_loss']:.2g}); "

@@ -117,9 +117,21 @@ def free_running(arch, flags, batches, dictionary, device, seed, updates=LOSS_UP
             "learned": want[-1] < want[0]}
 
 
-def run(device, dims, tokens, precisions, tiny_flags, tiny_tokens, loss_updates=LOSS_UPDATES, seed=1):
+def _guarded(what, part):
+    """A part's result, or the one line of why it failed (an overflow that skips an update, a kernel the device
+    lacks): the other parts still run."""
+    try:
+        return part()
+    except Exception as err:  # noqa: BLE001  (reported in the result, judged not ok)
+        return {**what, "ok": False, "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"
+                if str(err).strip() else type(err).__name__}
+
+
+def run(device, dims, tokens, precisions, tiny_flags, tiny_tokens, loss_updates=LOSS_UPDATES, seed=1,
+        progress=lambda result: None):
     """The step's result: each precision at `dims` (fairseq's Transformer, `tokens` per batch) and the tiny
-    recipe's free run (transformer_tiny with `tiny_flags`, `tiny_tokens` per batch)."""
+    recipe's free run (transformer_tiny with `tiny_flags`, `tiny_tokens` per batch); `progress` gets it after each
+    part."""
     dictionary = synthetic_dictionary(10000 if device == "cuda" else 1000)
     pairs = load_pairs()
     arch, flags = regime_archs(dims)[BASELINE]
@@ -127,12 +139,16 @@ def run(device, dims, tokens, precisions, tiny_flags, tiny_tokens, loss_updates=
     result = {"device": device, "dims": dims, "tokens": tokens, "model": BASELINE, "flags": " ".join(COMPARED),
               "fused": " ".join(FUSED), "precisions": [], "free_running": None}
     for precision in precisions:
-        result["precisions"].append(one_precision(arch, flags, precision, batches, dictionary, device, seed))
+        result["precisions"].append(_guarded({"precision": precision, "bound": BOUNDS[precision]}, lambda: one_precision(
+            arch, flags, precision, batches, dictionary, device, seed)))
         if device == "cuda":
             torch.cuda.empty_cache()
+        progress(result)
     tiny_batches, _, _ = corpus(pairs, dictionary, tiny_tokens, 16, seed)
     result["free_running"] = {"model": "transformer_tiny " + " ".join(tiny_flags), "tokens": tiny_tokens,
-                              **free_running("transformer_tiny", tiny_flags, tiny_batches, dictionary, device, seed,
-                                                           loss_updates)}
+                              **_guarded({"updates": loss_updates, "bound": LOSS_BOUND}, lambda: free_running(
+                                  "transformer_tiny", tiny_flags, tiny_batches, dictionary, device, seed,
+                                  loss_updates))}
     result["ok"] = all(p["ok"] for p in result["precisions"]) and result["free_running"]["ok"]
+    progress(result)
     return result
