@@ -349,3 +349,37 @@ def test_the_option_is_listed_with_what_was_verified_where():
     assert "--fused-update" in text
     help_text = text.split("--fused-update", 1)[1]
     assert "Verified on CPU" in help_text and "Not yet run on a GPU" in help_text
+
+
+# The same bounds at base dims (fairseq's Transformer, 512 tokens: the operators do not depend on the batch's size)
+# and for the study's tiny recipe (transformer_tiny with scripts/study/multi30k_study.sh's MODEL_ARGS, 1,024 tokens),
+# the Transformer in each precision: (operators, syncs) with --fused-update --adam-impl torch; measured 1,287/0,
+# 1,291/2, 1,314/0, 1,321/2 at base (the default: 3,575/8, 3,581/9, 4,360/8, 4,368/11) and 913/0, 917/2, 932/0,
+# 939/2 for the recipe (the default: 2,445/8, 2,451/9, 2,970/8, 2,978/11).
+SIZE_LIMITS = {
+    "base": {"fp32": (1290, 0), "amp": (1295, 2), "bf16": (1320, 0), "fp16": (1325, 2)},
+    "recipe": {"fp32": (915, 0), "amp": (920, 2), "bf16": (935, 0), "fp16": (940, 2)},
+}
+
+
+@pytest.mark.parametrize("size", [pytest.param("base", marks=pytest.mark.slow), "recipe"])
+def test_base_dims_and_the_study_recipe_stay_within_their_bounds(size):
+    import argparse
+
+    from tooling.bench.update_ops import count_update_ops
+    from tooling.gpu.campaign_jobs import study_model_args
+
+    dims, extra, tokens = ("base", [], "512") if size == "base" else ("tiny", study_model_args().split(), "1024")
+    counted = {}
+    for fused in (False, True):
+        args = argparse.Namespace(threads=1, silent=True, vocab=1000, dims=dims, models="", floater_every=4,
+                                  max_tokens=tokens, precision="fp32,amp,bf16,fp16", seed=1, device="cpu",
+                                  update_flags=extra + (["--fused-update", "--adam-impl", "torch"] if fused else []),
+                                  command="test")
+        for r in count_update_ops(args)["rows"]:
+            assert r["model"] == "transformer"
+            counted[fused, r["precision"]] = r
+    for precision, (ops, syncs) in SIZE_LIMITS[size].items():
+        got, default = counted[True, precision], counted[False, precision]
+        assert got["ops"] <= ops and got["syncs"] <= syncs, (precision, got["ops"], got["sync_sites"])
+        assert got["ops"] < 0.4 * default["ops"] and got["syncs"] < default["syncs"], precision
