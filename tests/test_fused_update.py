@@ -313,20 +313,26 @@ LIMITS = {
 }
 
 
-@pytest.fixture(scope="module")
-def counts():
+def count(dims, models, max_tokens, extra=()):
+    """(fused, precision, model) → update_ops' row of one update, default and fused, in each precision."""
     import argparse
 
     from tooling.bench.update_ops import count_update_ops
 
     out = {}
-    for flags in ([], ["--fused-update", "--adam-impl", "torch"]):
-        args = argparse.Namespace(threads=1, silent=True, vocab=1000, dims="tiny", models="relative",
-                                  floater_every=4, max_tokens="1024", precision="fp32,amp,bf16,fp16", seed=1,
-                                  update_flags=flags, device="cpu", command="test")
+    for fused in (False, True):
+        args = argparse.Namespace(threads=1, silent=True, vocab=1000, dims=dims, models=models, floater_every=4,
+                                  max_tokens=max_tokens, precision="fp32,amp,bf16,fp16", seed=1, device="cpu",
+                                  update_flags=[*extra, *(["--fused-update", "--adam-impl", "torch"] if fused else [])],
+                                  command="test")
         for r in count_update_ops(args)["rows"]:
-            out[bool(flags), r["precision"], r["model"]] = r
+            out[fused, r["precision"], r["model"]] = r
     return out
+
+
+@pytest.fixture(scope="module")
+def counts():
+    return count("tiny", "relative", "1024")
 
 
 @pytest.mark.parametrize("precision,model", list(LIMITS))
@@ -364,22 +370,14 @@ SIZE_LIMITS = {
 
 @pytest.mark.parametrize("size", [pytest.param("base", marks=pytest.mark.slow), "recipe"])
 def test_base_dims_and_the_study_recipe_stay_within_their_bounds(size):
-    import argparse
-
-    from tooling.bench.update_ops import count_update_ops
     from tooling.gpu.campaign_jobs import study_model_args
 
-    dims, extra, tokens = ("base", [], "512") if size == "base" else ("tiny", study_model_args().split(), "1024")
-    counted = {}
-    for fused in (False, True):
-        args = argparse.Namespace(threads=1, silent=True, vocab=1000, dims=dims, models="", floater_every=4,
-                                  max_tokens=tokens, precision="fp32,amp,bf16,fp16", seed=1, device="cpu",
-                                  update_flags=extra + (["--fused-update", "--adam-impl", "torch"] if fused else []),
-                                  command="test")
-        for r in count_update_ops(args)["rows"]:
-            assert r["model"] == "transformer"
-            counted[fused, r["precision"]] = r
+    if size == "base":
+        counted = count("base", "", "512")
+    else:
+        counted = count("tiny", "", "1024", study_model_args().split())
+    assert {model for _, _, model in counted} == {"transformer"}
     for precision, (ops, syncs) in SIZE_LIMITS[size].items():
-        got, default = counted[True, precision], counted[False, precision]
+        got, default = counted[True, precision, "transformer"], counted[False, precision, "transformer"]
         assert got["ops"] <= ops and got["syncs"] <= syncs, (precision, got["ops"], got["sync_sites"])
         assert got["ops"] < 0.4 * default["ops"] and got["syncs"] < default["syncs"], precision

@@ -38,10 +38,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 from tooling.atomic import write_json, write_text  # noqa: E402
 from tooling.gpu import mps as mps_service  # noqa: E402
-from tooling.bench.models import BASELINE, PLUGIN_BASELINE, SHARED, model_specs  # noqa: E402
+from tooling.bench.models import BASELINE, FUSED_UPDATE, PLUGIN_BASELINE, SHARED, model_specs  # noqa: E402
 from tooling.gpu.campaign_jobs import study_model_args  # noqa: E402
 
-FUSED = "--fused-update --adam-impl torch"
+FUSED = " ".join(FUSED_UPDATE)
 VARIANTS = {"default": "", "fused": FUSED}
 
 

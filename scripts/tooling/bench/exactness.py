@@ -17,11 +17,11 @@ the weights by too little to show a difference. --clip-norm and weight decay are
 import torch
 
 from tooling.bench.length_mix import corpus, load_pairs
-from tooling.bench.models import BASELINE, synthetic_dictionary
+from tooling.bench.models import BASELINE, FUSED_UPDATE, synthetic_dictionary
 from tooling.bench.regime import build_trainer, regime_archs
 from tooling.gpu.common import TRAINER_BOUND
 
-FUSED = ["--fused-update", "--adam-impl", "torch"]
+FUSED = list(FUSED_UPDATE)
 LR = 1e-3
 # inverse_sqrt with one warm-up update: LR at the first update, then LR/sqrt(n)
 COMPARED = ["--lr", str(LR), "--warmup-updates", "1", "--warmup-init-lr", str(LR), "--clip-norm", "0.5",

@@ -55,6 +55,8 @@ DIMS = ("encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_layers", "encoder
         "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads",
         "dropout", "attention_dropout", "activation_dropout")
 SHARED = "floater_shared"  # the exact FLOATER with --floater-shared-solve (one solve per --update-freq update)
+# the update without per-tensor bookkeeping or reads of device values (the speed check's and exactness's "fused")
+FUSED_UPDATE = ("--fused-update", "--adam-impl", "torch")
 
 
 def model_specs(dims, floater_every, archs=None):
