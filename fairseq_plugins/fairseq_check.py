@@ -104,9 +104,13 @@ def unpatched_refusal(get, args, model):
     world = data_parallel_world(get)
     backend = get("distributed_training", "ddp_backend")
     if getattr(args, "floater_shared_solve", False) and backend in ("legacy_ddp", "no_c10d") and world > 1:
+        # where pytorch_ddp works: this fairseq's hands DistributedDataParallel a CUDA device, so not on CPU
+        there = ("on CPU (gloo) this fairseq's --ddp-backend pytorch_ddp cannot start (it hands "
+                 "DistributedDataParallel a device): train without --floater-shared-solve here"
+                 if get("common", "cpu") else "--ddp-backend pytorch_ddp trains it right there, on GPUs")
         reasons.append(f"--floater-shared-solve with --ddp-backend {backend} on {world} processes (its legacy_ddp "
-                       "never calls the model's all_reduce_grads, so θ and b(0) would never get their gradient); "
-                       "--ddp-backend pytorch_ddp trains it right there")
+                       f"never calls the model's all_reduce_grads, so θ and b(0) would never get their gradient); "
+                       f"{there}")
     if not reasons:
         return None
     return (f"{describe()} would train this wrong: {'; and '.join(reasons)}. `make setup` installs the patched "

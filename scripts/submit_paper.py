@@ -30,42 +30,51 @@ A job whose dependency fails is cancelled (--kill-on-invalid-dep=yes), not left 
 The job ids go to a manifest (CHECKPOINTS/submit_paper.json) and a rerun submits only what is not finished: a
 cell with its result JSON(s) is skipped, one with a job still queued or running is not submitted twice (a warm start
 then waits for that job; an evaluation that is missing, say one sbatch refused, is submitted after it), a training
-that ended ("done training" after the last start in its train.log) is not run again, only its evaluation. A job
-enters the manifest once sbatch has accepted it. Two submissions to one manifest at once: the second waits until
-the first has written its manifest (a lock beside it, submit_paper.json.lock), then submits only what is still
-missing. Before any job is queued, each cell's data folder must exist (the config's task.data, or --override
-task.data=DIR; scripts/prepare_wmt14.sh makes it), and so must an evaluation's (--data-dir in --eval-args, else the
-folder above the training's). Logs: CHECKPOINTS/slurm-<job name>-<job id>.out. --dry-run prints the sbatch
-commands with the environment the jobs read (SAVE_DIR, WARM_START_FROM, ...), each line one a shell runs as it is,
-and submits nothing. Verified on a one-node Slurm 22.05 (tests/test_submit_paper.py: CPU jobs, tiny models).
+that ended ("done training" after the last start in its train.log) is not run again, only its evaluation.
+
+No kill queues a job twice: each job sbatch accepts is written to the manifest (atomically) and its id printed
+before the next sbatch. SIGTERM, SIGHUP (a dropped ssh connection) and Ctrl-C stop the submission once the job
+being queued is recorded (exit 128 + the signal; sbatch runs in a session of its own, so the terminal's signal
+does not kill it mid-call); a manifest that cannot be written (a full disk) stops it in one line. SIGKILL cannot
+be caught: a job accepted in the instant before its record is found by the rerun, which reads this user's queue
+for the submission's job names whose log goes to CHECKPOINTS, and records it instead of queueing it again. Two
+submissions to one manifest at once: the second waits until the first is done (a lock beside it,
+submit_paper.json.lock, removed at the end), then submits only what is still missing.
+
+Checked before anything is made or queued, each refusal one line: each cell's data folder (the config's task.data,
+or --override task.data=DIR; scripts/prepare_wmt14.sh makes it) and an evaluation's (--data-dir in --eval-args,
+else the folder above the training's); every --override, composed by Hydra with each cell as the training will
+compose it. Paths in overrides (task.data, checkpoint.restore_file, checkpoint.finetune_from_model) and
+--eval-args' --data-dir reach the jobs absolute (they run from the repository). A refusal leaves no folder, lock
+or manifest behind. Logs: CHECKPOINTS/slurm-<job name>-<job id>.out.
+
+--dry-run prints the plan as a shell script and submits nothing: `mkdir -p CHECKPOINTS`, then per job
+`dryN=$(ENV sbatch --parsable ...)`, with the environment the job reads (SAVE_DIR, WARM_START_FROM, ...) and its
+dependencies on $dryN; the rest are comments. Run as it is (`... --dry-run > plan.sh; bash plan.sh`) it queues the
+plan, without a manifest (the tables job is given the cells). Without the data folders it warns, one line each on
+stderr, and shows the plan anyway. Verified on a one-node Slurm 22.05 (tests/test_submit_paper.py,
+tests/test_submit_paper_faults.py: CPU jobs, tiny models, kills between two accepted jobs).
 """
 import argparse
-import errno
-import fcntl
 import json
 import os
 import shlex
-import socket
-import subprocess
+import shutil
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_tables  # noqa: E402
-from tooling import cells  # noqa: E402
-from tooling.atomic import write_text  # noqa: E402
+import make_tables
+from tooling import cells
+from tooling.atomic import write_text
+from tooling.slurm_jobs import (Journal, Refusal, Slurm, Stopped, held_signals, jobs_in_queue, manifest_lock,
+                                missing_folders, remove_if_empty, say)
 
 REPO = Path(__file__).resolve().parents[1]
-LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
-        "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
 TESTSETS = ("newstest2014", "newstest2013")
-
-
-class Refusal(Exception):
-    """Bad input: one line, no traceback."""
+# overrides whose value is a path: handed to the jobs (which run from the repository) as absolute paths
+PATH_KEYS = ("task.data", "checkpoint.finetune_from_model", "checkpoint.restore_file")
 
 
 def shown(path):
@@ -115,86 +124,6 @@ def training_finished(save):
         return False
     text = log.read_text(errors="replace")
     return "done training" in text[text.rfind("train.sh: "):]
-
-
-class Slurm:
-    """sbatch and the job states, through Slurm's own clients."""
-
-    def __init__(self, dry_run=False):
-        self.dry_run, self.fake_ids = dry_run, 0
-
-    def run(self, *args, check=True, env=None, what=None):
-        try:
-            proc = subprocess.run(list(args), capture_output=True, text=True, env={**os.environ, **(env or {})},
-                                  cwd=REPO)
-        except FileNotFoundError:
-            raise Refusal(f"{args[0]}: not found (run this on a Slurm login node, or use --dry-run)")
-        if check and proc.returncode != 0:
-            raise Refusal(f"{what or args[0] + ' failed'}: {one_line(args[0], proc.stderr or proc.stdout)}")
-        return proc
-
-    def submit(self, args, env, options):
-        """The job id; `options` names the flags its sbatch options came from (for the message of a refusal)."""
-        print("  " + "".join(f"{k}={shlex.quote(v)} " for k, v in env.items()) + "sbatch " + shlex.join(args))
-        if self.dry_run:
-            self.fake_ids += 1
-            return f"dry{self.fake_ids}"
-        name = args[args.index("--job-name") + 1]
-        return self.run("sbatch", "--parsable", *args, env=env,
-                        what=f"sbatch refused {name} (its options: {options})").stdout.strip().split(";")[0]
-
-    def info(self, job):
-        """{'JobState': ..., 'ExitCode': ..., 'Reason': ...}, or {} when Slurm no longer knows the job."""
-        if not job or job.startswith("dry"):
-            return {}
-        out = self.run("scontrol", "show", "job", "-o", job, check=False).stdout
-        fields = dict(part.split("=", 1) for part in out.split() if "=" in part)
-        if fields.get("JobState"):
-            return fields
-        try:  # a finished job scontrol has forgotten (after MinJobAge): Slurm's accounting, where the cluster keeps it
-            acct = self.run("sacct", "-n", "-X", "-P", "-j", job, "-o", "State,ExitCode", check=False).stdout.split()
-        except Refusal:  # no sacct here
-            return {}
-        if acct and "|" in acct[0]:
-            state, code = acct[0].split("|", 1)
-            return {"JobState": state.split()[0], "ExitCode": code}
-        return {}
-
-    def live(self, job):
-        return self.info(job).get("JobState") in LIVE
-
-
-def one_line(tool, text):
-    """A Slurm client's error lines as one: its 'sbatch: error: ' prefixes dropped, the lines joined by '; '."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    lines = [line for line in lines if line.startswith(f"{tool}: fatal: ")] or lines  # the cause, where named
-    for prefix in (f"{tool}: error: ", f"{tool}: fatal: ", f"{tool}: "):
-        lines = [line[len(prefix):] if line.startswith(prefix) else line for line in lines]
-    return "; ".join(dict.fromkeys(lines)) or "no message"
-
-
-@contextmanager
-def manifest_lock(manifest_path):
-    """Held while a submission reads, submits and writes the manifest: a second submission waits here, then sees
-    the first one's jobs as queued. POSIX record locks (lockf): NFS and Lustre clients honour them across nodes."""
-    lock_path = Path(f"{manifest_path}.lock")
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+") as lock:
-        try:
-            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno not in (errno.EACCES, errno.EAGAIN):
-                raise Refusal(f"--manifest {shown(manifest_path)}: cannot lock {shown(lock_path)} ({err.strerror}); "
-                              "put the manifest on a file system with locks")
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            print(f"waiting for the submission running on {shown(manifest_path)} ({holder})", flush=True)
-            fcntl.lockf(lock, fcntl.LOCK_EX)
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"submit_paper.py, pid {os.getpid()} on {socket.gethostname()}\n")
-        lock.flush()
-        yield
 
 
 def config_data(cell):
@@ -249,101 +178,216 @@ def job_args(args, name, extra, after=None, kind="afterok"):
     return out
 
 
+class Plan:
+    """The cells asked for, in the order their jobs go in: the Transformers the warm starts need first (a warm start
+    depends on their job), evaluated when asked for; each one's test sets and warm-start base."""
+
+    def __init__(self, args, paper_numbers):
+        self.wanted = requested_cells(args.cells, paper_numbers)
+        self.evals = {c: testsets_of(c, paper_numbers) for c in self.wanted}
+        self.bases = {c: warm_base(c) for c in self.wanted}
+        self.order = list(dict.fromkeys([b[0] for b in self.bases.values() if b] + self.wanted))
+        self.done = {c: (all(result_file(args, c, t).is_file() for t in self.evals[c]) if c in self.evals
+                         else training_finished(save_dir(args, c))) for c in self.order}
+
+    def job_names(self):
+        return {"tables"} | {f"train-{c}" for c in self.order} | {
+            f"eval-{c}-{t}" for c in self.order for t in self.evals.get(c, [])}
+
+
+def absolute_paths(args):
+    """Path-valued overrides and --eval-args' --data-dir made absolute from the caller's directory: the jobs run
+    from the repository (a relative task.data passed the check here and failed in every job)."""
+    def absolute(value):
+        return str(Path(value).expanduser().resolve()) if value and not os.path.isabs(value) else value
+
+    out = []
+    for override in args.override:
+        key, sep, value = override.partition("=")
+        bare = key.lstrip("+")
+        plain = sep and value and not any(ch in value for ch in "$'\"") and value != "null"
+        if plain and bare in PATH_KEYS and not (bare == "checkpoint.restore_file" and "/" not in value):
+            # task.data may list shards (a:b:c); restore_file's bare name is fairseq's: inside checkpoint.save_dir
+            value = ":".join(absolute(v) for v in value.split(":")) if bare == "task.data" else absolute(value)
+            override = f"{key}={value}"
+        out.append(override)
+    args.override = out
+    words = shlex.split(args.eval_args)
+    if "--data-dir" in words[:-1]:
+        i = words.index("--data-dir") + 1
+        words[i] = absolute(words[i])
+        args.eval_args = shlex.join(words)
+
+
+def check_inputs(args, plan):
+    """Every cell's data folders and overrides, before anything is made or queued: one line for the first that
+    fails. A dry run shows the plan anyway, a warning line per missing data folder."""
+    todo = [c for c in plan.order if not plan.done[c]]
+    for cell in todo:
+        why = data_refusal(args, cell, evaluated=cell in plan.evals)
+        if why and args.dry_run:
+            print(f"submit_paper.py: warning: {why}", file=sys.stderr)
+        elif why:
+            raise Refusal(why)
+    if args.override and todo:
+        os.environ["PWD"] = str(REPO)  # the configs' ${oc.env:PWD}, as scripts/train.sh sets it
+        say(f"{comment(args)}checking the overrides on {len(todo)} cell(s)")
+        import hydra_config
+
+        for cell in todo:
+            why = hydra_config.override_refusal(cell, args.override)
+            if why:
+                raise Refusal(f"--override {why}")
+
+
 def submit(args, paper_numbers, slurm):
-    if args.dry_run:
-        return submit_locked(args, paper_numbers, slurm)
+    plan = Plan(args, paper_numbers)
+    absolute_paths(args)
+    check_inputs(args, plan)
+    journal = Journal(args.manifest, args.dry_run, shown)
+    if args.dry_run:  # the printed lines, run in order by a shell, queue the plan
+        print(f"mkdir -p {shlex.quote(args.checkpoints)}")
+        return submit_locked(args, plan, slurm, journal)
     conf = os.environ.get("SLURM_CONF")
     if conf and not Path(conf).is_file():  # sbatch would retry it for a minute, then fail
         raise Refusal(f"SLURM_CONF={conf}: no such file (point it at the cluster's slurm.conf, or unset it)")
-    with manifest_lock(args.manifest):
-        return submit_locked(args, paper_numbers, slurm)
+    if not shutil.which("sbatch"):
+        raise Refusal("sbatch: not found (run this on a Slurm login node, or use --dry-run)")
+    made = missing_folders(args.checkpoints, Path(args.manifest).parent)
+    try:
+        Path(args.checkpoints).mkdir(parents=True, exist_ok=True)  # Slurm fails a job whose log folder is missing
+        with manifest_lock(args.manifest, shown), held_signals() as journal.held:
+            return submit_locked(args, plan, slurm, journal)
+    finally:  # a refusal before the first job leaves no folder behind (a queued job's log goes there)
+        if not journal.queued:
+            remove_if_empty(made)
 
 
-def submit_locked(args, paper_numbers, slurm):
-    wanted = requested_cells(args.cells, paper_numbers)
+def adopt(args, plan, slurm, manifest):
+    """Records the jobs of this submission that are queued or running but not in the manifest (a submission killed
+    after sbatch accepted them); True when any was."""
+    found = jobs_in_queue(slurm, plan.job_names(), args.checkpoints)
+    jobs, changed = manifest["cells"], False
+
+    def take(name, current):
+        ids = found.get(name, [])
+        if not ids or (current in ids) or (current and slurm.live(current)):
+            return current
+        if len(ids) > 1:
+            say(f"{name}: {len(ids)} jobs of this name in the queue ({', '.join(ids)}): recording the newest; "
+                f"scancel the others")
+        say(f"{name}: job {ids[-1]} is queued but was not recorded (a submission stopped after sbatch accepted it): "
+            "recorded now")
+        return ids[-1]
+
+    for cell in plan.order:
+        entry = jobs.setdefault(cell, {"train": None, "eval": {}})
+        train = take(f"train-{cell}", entry.get("train"))
+        changed |= train != entry.get("train")
+        entry["train"] = train
+        for testset in plan.evals.get(cell, []):
+            job = take(f"eval-{cell}-{testset}", entry["eval"].get(testset))
+            if job:
+                changed |= job != entry["eval"].get(testset)
+                entry["eval"][testset] = job
+        if not entry["train"] and not entry["eval"]:
+            del jobs[cell]
+    tables = take("tables", manifest.get("tables"))
+    if tables:
+        changed |= tables != manifest.get("tables")
+        manifest["tables"] = tables
+    return changed
+
+
+def submit_locked(args, plan, slurm, journal):
     manifest_path = Path(args.manifest)
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"cells": {}}
-    jobs = manifest["cells"]
-    evals = {c: testsets_of(c, paper_numbers) for c in wanted}
-    bases = {c: warm_base(c) for c in wanted}
-    # the Transformers the warm starts need come first (a warm start depends on their job), evaluated when asked for
-    order = [b[0] for b in bases.values() if b] + wanted
-    order = list(dict.fromkeys(order))
-    for cell in order:  # every cell checked before the first job is queued: nothing half-submitted
-        done = (all(result_file(args, cell, t).is_file() for t in evals[cell]) if cell in evals
-                else training_finished(save_dir(args, cell)))
-        if not done:
-            why = data_refusal(args, cell, evaluated=cell in evals)
-            if why:
-                raise Refusal(why)
-    train_job, submitted, waiting = {}, [], []
-    if not args.dry_run:  # Slurm opens each job's --output there and fails the job if the folder is missing
-        Path(args.checkpoints).mkdir(parents=True, exist_ok=True)
+    manifest["wanted"] = list(dict.fromkeys(manifest.get("wanted", []) + plan.wanted))
+    journal.manifest = manifest
     try:
-        submit_cells(args, slurm, order, evals, bases, jobs, train_job, submitted, waiting)
-        manifest["wanted"] = list(dict.fromkeys(manifest.get("wanted", []) + wanted))
-        if submitted:
-            tables = [sys.executable, str(Path(__file__).resolve()), "--write-tables", "--manifest", str(manifest_path),
-                      "--results", str(args.results), "--checkpoints", str(args.checkpoints),
-                      "--paper-numbers", str(args.paper_numbers)]
-            manifest["tables"] = slurm.submit(
-                job_args(args, "tables", shlex.split(args.tables), submitted + waiting, "afterany") +
-                ["--wrap", shlex.join(tables)], {}, "--sbatch, --tables")
-            print(f"tables: job {manifest['tables']} after {len(submitted) + len(waiting)} jobs -> "
-                  f"{shown(Path(args.results) / 'tables.md')}")
-        else:
-            print("nothing to submit")
-    finally:  # what was submitted is recorded even when a later sbatch failed, so a rerun does not submit it twice
-        if not args.dry_run and submitted:
-            write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")
-            print(f"manifest: {shown(manifest_path)}")
+        if adopt(args, plan, slurm, manifest):
+            journal.write()
+    except Refusal as err:  # a dry run shows the plan without the queue
+        if not args.dry_run:
+            raise
+        print(f"submit_paper.py: warning: {err}; the plan does not count jobs of an interrupted submission",
+              file=sys.stderr)
+    train_job, submitted, waiting = {}, [], []
+    submit_cells(args, slurm, plan, manifest["cells"], train_job, submitted, waiting, journal)
+    # the tables job waits for every job of the cells; a rerun after a submission stopped before it queues it
+    if submitted or (waiting and not slurm.live(manifest.get("tables"))):
+        tables = [sys.executable, str(Path(__file__).resolve()), "--write-tables", "--manifest", str(manifest_path),
+                  "--results", str(args.results), "--checkpoints", str(args.checkpoints),
+                  "--paper-numbers", str(args.paper_numbers)]
+        if args.dry_run:  # the printed script queues the jobs but writes no manifest: the cells on its line
+            tables += plan.wanted
+        manifest["tables"] = slurm.submit(
+            job_args(args, "tables", shlex.split(args.tables), submitted + waiting, "afterany") +
+            ["--wrap", shlex.join(tables)], {}, "--sbatch, --tables")
+        journal.accepted(manifest["tables"])
+        say(f"{comment(args)}tables: job {manifest['tables']} after {len(submitted) + len(waiting)} jobs -> "
+            f"{shown(Path(args.results) / 'tables.md')}")
+    else:
+        say(f"{comment(args)}nothing to submit")
+    if journal.queued and not args.dry_run:
+        say(f"manifest: {shown(manifest_path)}")
 
 
-def submit_cells(args, slurm, order, evals, bases, jobs, train_job, submitted, waiting):
-    """Submits each cell's jobs that are neither finished nor queued; records each job in `jobs` once sbatch has
-    accepted it."""
-    for cell in order:
+def comment(args):
+    """Narrative lines of a dry run are shell comments: its output runs as a script."""
+    return "# " if args.dry_run else ""
+
+
+def submit_cells(args, slurm, plan, jobs, train_job, submitted, waiting, journal):
+    """Submits each cell's jobs that are neither finished nor queued; records each job in `jobs` (and the journal)
+    once sbatch has accepted it."""
+    c = comment(args)
+    for cell in plan.order:
+        evals = plan.evals
         todo = [t for t in evals.get(cell, []) if not result_file(args, cell, t).is_file()]
         old = jobs.get(cell, {})
         if cell in evals and not todo:
-            print(f"{cell}: done ({', '.join(shown(result_file(args, cell, t)) for t in evals[cell])})")
+            say(f"{c}{cell}: done ({', '.join(shown(result_file(args, cell, t)) for t in evals[cell])})")
             continue
         if cell not in evals and training_finished(save_dir(args, cell)):
-            print(f"{cell}: trained (for its warm starts)")
+            say(f"{c}{cell}: trained (for its warm starts)")
             continue
         train = old.get("train") if old.get("train") and slurm.live(old["train"]) else None
         queued = {t: j for t, j in old.get("eval", {}).items() if t in todo and slurm.live(j)}
         entry, live = {"train": train, "eval": dict(queued)}, [train] * bool(train) + list(queued.values())
         if live:  # its missing evaluations (one sbatch refused, say) are still submitted below
-            print(f"{cell}: queued or running (jobs {', '.join(live)}): not submitted again")
+            say(f"{c}{cell}: queued or running (jobs {', '.join(live)}): not submitted again")
             waiting += live
         if train:
             train_job[cell] = train
         env = {"SAVE_DIR": str(save_dir(args, cell)), "RESULTS_DIR": str(args.results)}
         if not live and training_finished(save_dir(args, cell)):
-            print(f"{cell}: trained; evaluating")
+            say(f"{c}{cell}: trained; evaluating")
         elif not live:
-            after, base = [], bases.get(cell)
+            after, base = [], plan.bases.get(cell)
             if base:
                 env.update(WARM_START_FROM=str(save_dir(args, base[0]) / "checkpoint_last.pt"),
                            WARM_START_LAYERS=base[1], WARM_START_ARGS=args.warm_args)
                 after = [train_job[base[0]]] if base[0] in train_job else []
-            print(f"{cell}: training" + (f" after job {after[0]} ({base[0]})" if after else ""))
+            say(f"{c}{cell}: training" + (f" after job {after[0]} ({base[0]})" if after else ""))
             options, flags = train_options(args, cell)
             entry["train"] = train_job[cell] = slurm.submit(
                 job_args(args, f"train-{cell}", shlex.split(options), after) +
                 ["scripts/train.sbatch", cell, *args.override], env, flags)
             jobs[cell] = entry
             submitted.append(entry["train"])
+            journal.accepted(entry["train"])
         for testset in (t for t in todo if t not in queued):
             subset = ["--subset", "valid"] if testset == "newstest2013" else []
-            print(f"{cell}: evaluation on {testset}" + (f" after job {train}" if train else ""))
+            say(f"{c}{cell}: evaluation on {testset}" + (f" after job {train}" if train else ""))
             entry["eval"][testset] = slurm.submit(
-                job_args(args, f"eval-{cell}-{testset}", shlex.split(args.eval), [entry["train"]] if entry["train"] else None) +
+                job_args(args, f"eval-{cell}-{testset}", shlex.split(args.eval),
+                                [entry["train"]] if entry["train"] else None) +
                 ["--wrap", shlex.join(["bash", "scripts/evaluate.sh", cell, *subset, *shlex.split(args.eval_args)])],
                 env, "--sbatch, --eval")
             jobs[cell] = entry
             submitted.append(entry["eval"][testset])
+            journal.accepted(entry["eval"][testset])
 
 
 def failure(slurm, job, what, args):
@@ -378,7 +422,9 @@ def holes(args, paper_numbers, slurm, manifest):
             continue
         entry = jobs.get(cell)
         if entry is None:
-            notes[cell] = "not submitted"
+            notes[cell] = ("no job recorded (queued from a --dry-run's lines: see its logs "
+                           f"{shown(Path(args.checkpoints) / f'slurm-*-{cell}*.out')})" if manifest.get("by_hand")
+                           else "not submitted")
             continue
         why = training_failure(cell)
         if not why:
@@ -390,7 +436,10 @@ def holes(args, paper_numbers, slurm, manifest):
 
 
 def write_tables(args, paper_numbers, slurm):
-    manifest = json.loads(Path(args.manifest).read_text())
+    path = Path(args.manifest)
+    # no manifest: the jobs were queued by a dry run's printed lines, which name the cells
+    manifest = (json.loads(path.read_text()) if path.is_file() else
+                {"cells": {}, "wanted": requested_cells(args.cells, paper_numbers), "by_hand": True})
     notes = holes(args, paper_numbers, slurm, manifest)
     out = Path(args.results) / "tables.md"
     write_text(out, make_tables.render(paper_numbers, args.results, notes))
@@ -419,19 +468,27 @@ def main():
     ap.add_argument("--write-tables", action="store_true", help=argparse.SUPPRESS)  # the last job of a submission
     args = ap.parse_args()
     args.checkpoints, args.results = str(Path(args.checkpoints).resolve()), str(Path(args.results).resolve())
+    args.paper_numbers = str(Path(args.paper_numbers).resolve())
     args.manifest = str(Path(args.manifest or Path(args.checkpoints) / "submit_paper.json").resolve())
     try:
         try:
             paper_numbers = json.loads(Path(args.paper_numbers).read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
             raise Refusal(f"--paper-numbers {args.paper_numbers}: {err}")
-        slurm = Slurm(args.dry_run)
+        slurm = Slurm(REPO, args.dry_run)
         if args.write_tables:
             write_tables(args, paper_numbers, slurm)
         else:
             submit(args, paper_numbers, slurm)
     except Refusal as err:
         sys.exit(f"submit_paper.py: {err}")
+    except Stopped as stop:  # every job queued so far is in the manifest: the rerun queues the rest, none twice
+        try:
+            print(f"submit_paper.py: stopped by {stop} after queueing what {shown(args.manifest)} records; rerun the "
+                  "same command to queue the rest", file=sys.stderr)
+        except OSError:
+            pass
+        sys.exit(128 + stop.signum)
 
 
 if __name__ == "__main__":

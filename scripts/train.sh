@@ -70,6 +70,11 @@ done
 LAUNCH=()
 EXTRA=()
 gpus() { "$PY" -c 'import torch; print(torch.cuda.device_count())'; }
+visible() {  # what CUDA_VISIBLE_DEVICES says: set empty hides every GPU, unset hides none
+  if [ -z "${CUDA_VISIBLE_DEVICES+set}" ]; then echo "CUDA_VISIBLE_DEVICES=unset"
+  elif [ -z "$CUDA_VISIBLE_DEVICES" ]; then echo "CUDA_VISIBLE_DEVICES is set empty, which hides every GPU"
+  else echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; fi
+}
 if [ "${LAUNCHER:-local}" = srun ]; then
   : "${SLURM_JOB_ID:?LAUNCHER=srun needs a Slurm allocation (SLURM_JOB_ID unset)}"
   WORLD=${SLURM_NTASKS:-${SLURM_NNODES:-1}}  # no task count asked for: one task a node (Slurm's default)
@@ -78,7 +83,7 @@ if [ "${LAUNCHER:-local}" = srun ]; then
     # a job without GPUs would otherwise start a world of none and end "COMPLETED" untrained
     NODE_GPUS=$(gpus)
     if [ "$NODE_GPUS" -lt 1 ]; then
-      echo "train.sh: job $SLURM_JOB_ID has no GPU (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}); ask sbatch" \
+      echo "train.sh: job $SLURM_JOB_ID has no GPU ($(visible)); ask sbatch" \
         "for GPUs (e.g. --gpus-per-node=8) or set CPU=1 to train on CPU" >&2
       exit 1
     fi
@@ -99,7 +104,7 @@ elif [ "$CPU" = 1 ]; then
 else
   WORLD=$(gpus)
   if [ "$WORLD" -lt 1 ]; then
-    echo "train.sh: no GPU visible (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}); set CPU=1 to train on CPU" >&2
+    echo "train.sh: no GPU visible ($(visible)); set CPU=1 to train on CPU" >&2
     exit 1
   fi
 fi

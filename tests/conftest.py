@@ -96,7 +96,7 @@ def pytest_configure(config):
 # nothing, a training killed with its group and resumed at once): every process they start is a fresh interpreter;
 # a test can ask the same with @pytest.mark.fresh_processes.
 FRESH_MODULES = {"test_slurm", "test_supervise", "test_prep_interrupt", "test_setup_env", "test_gpu_bundle",
-                 "test_launchers", "test_resume"}
+                 "test_launchers", "test_resume", "test_submit_paper_faults"}
 
 
 @pytest.fixture(autouse=True)

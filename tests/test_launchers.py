@@ -48,7 +48,9 @@ def test_train_sh_trains_rescales_and_resumes(toy_run):
 def test_train_sh_needs_a_gpu_or_cpu_flag(tmp_path):
     proc = run(["bash", "scripts/train.sh", "toy_recipe"], check=False,
                env_extra={"CUDA_VISIBLE_DEVICES": "", "SAVE_DIR": str(tmp_path / "x")})
-    assert proc.returncode == 1 and "no GPU visible" in proc.stdout and "CPU=1" in proc.stdout
+    assert proc.returncode == 1 and "CPU=1" in proc.stdout
+    # set empty hides every GPU; it was reported as "unset", which hides none
+    assert "no GPU visible (CUDA_VISIBLE_DEVICES is set empty, which hides every GPU)" in proc.stdout, proc.stdout
     missing = run(["bash", "scripts/train.sh", "no_such_config"], check=False)
     assert missing.returncode == 2 and "no config" in missing.stdout
 

@@ -174,6 +174,9 @@ def test_shared_solve_under_torchrun_is_refused(stock, data, tmp_path):
     assert proc.returncode != 0, out[-3000:]
     assert ("--floater-shared-solve with --ddp-backend legacy_ddp on 2 processes (its legacy_ddp never calls the "
             "model's all_reduce_grads") in out, out[-3000:]
+    # it advised pytorch_ddp, which this fairseq cannot start on CPU
+    assert ("on CPU (gloo) this fairseq's --ddp-backend pytorch_ddp cannot start (it hands DistributedDataParallel "
+            "a device): train without --floater-shared-solve here") in out, out[-3000:]
     assert "num_updates=" not in out  # refused before the first update
 
 

@@ -134,3 +134,23 @@ def test_the_record_survives_fairseqs_own_checkpoint_averaging(rope_ckpt):
     assert decode_record(averaged["position_record"]) == "rope_transformer_tiny rope rope"
     (model,), _ = checkpoint_utils.load_model_ensemble([str(rope_ckpt)], state=state)
     assert model.position_schemes() == ("rope", "rope")
+
+
+def test_a_fairseq_transformer_without_a_record_is_described_truly(caplog):
+    """Converting a fairseq Transformer (a partial, non-strict load) logs nothing about records; a strict load of a
+    state without one says what is true (it said "written before records were kept" of a checkpoint written a
+    minute earlier by fairseq's own Transformer)."""
+    import logging
+
+    from helpers.tiny_models import build
+
+    fairseq_state = build("transformer_tiny").state_dict()
+    with caplog.at_level(logging.INFO, logger="fairseq_plugins.models._base"):
+        build("floater_transformer_tiny").load_state_dict(dict(fairseq_state), strict=False)
+    assert "position-scheme record" not in caplog.text, caplog.text
+    plain = build("nope_transformer_tiny")
+    state = {k: v for k, v in plain.state_dict().items() if k != "position_record"}
+    with caplog.at_level(logging.INFO, logger="fairseq_plugins.models._base"):
+        plain.load_state_dict(state, strict=True)
+    assert "no position-scheme record (fairseq's own models write none" in caplog.text, caplog.text
+    assert "written before records were kept)" not in caplog.text

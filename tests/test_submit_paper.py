@@ -99,7 +99,7 @@ def test_the_paper_chain_runs_names_its_holes_and_resubmits_nothing(cluster, tmp
     assert [re.search(r"--job-name (\S+)", s).group(1) for s in submitted] == [
         f"train-{FR_T}", f"eval-{FR_T}-newstest2014", f"eval-{DE_R}-newstest2013", f"train-{FR_W}",
         f"eval-{FR_W}-newstest2014", "tables"], dry
-    assert f"{FR_W}: training after job dry1 ({FR_T})" in dry
+    assert f"{FR_W}: training after job $dry1 ({FR_T})" in dry
     print(f"toy chain: {wall:.0f} s from submission to the table")
 
 
@@ -131,7 +131,7 @@ esac; done
 n=$(( $(cat {tmp_path}/n 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/n
 [ "$n" = "${{FAIL_AT:-0}}" ] && {{ echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" >&2; exit 1; }}
 echo "$*" >> {tmp_path}/submitted; echo $n
-""", "scontrol": 'echo "JobId=$4 JobName=x JobState=PENDING Reason=Priority"\n'})
+""", "scontrol": 'echo "JobId=$4 JobName=x JobState=PENDING Reason=Priority"\n', "squeue": "exit 0\n"})
     e = {**env(), "PATH": f"{fake}:{env()['PATH']}"}
     cmd = [sys.executable, "scripts/submit_paper.py", DE_T, DE_R, *some_data(tmp_path)]
     failed = subprocess.run(cmd, cwd=REPO, env={**e, "FAIL_AT": "3"}, capture_output=True, text=True)
@@ -155,7 +155,7 @@ def test_jobs_slurm_has_forgotten_are_submitted_again(tmp_path):
     a result, is submitted again (the training resumes from its checkpoint), not refused for the missing tool."""
     fake = stand_ins(tmp_path / "bin", {
         "sbatch": f"n=$(( $(/bin/cat {tmp_path}/n 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/n; echo $n\n",
-        "scontrol": "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1\n"})
+        "scontrol": "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1\n", "squeue": "exit 0\n"})
     cmd = [sys.executable, "scripts/submit_paper.py", DE_T, *some_data(tmp_path)]
     for n in (1, 2):  # no sacct on this PATH
         proc = subprocess.run(cmd, cwd=REPO, env={**env(), "PATH": str(fake)}, capture_output=True, text=True)

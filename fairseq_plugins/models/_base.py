@@ -76,15 +76,16 @@ class PluginTransformerModel(TransformerModel):
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's strict loads (fairseq-train --restore-file/--finetune-from-model, fairseq-generate --path,
         the hub) refuse a checkpoint whose record names other position schemes, in one line naming both, unless
-        --allow-scheme-change. A checkpoint written before records were kept loads as it did (its scheme is only
-        what its tensors show, checked by the strict load); from then on it carries this model's record. A
+        --allow-scheme-change. A checkpoint without a record (written before records were kept, or by one of
+        fairseq's own models) loads as it did (its scheme is only what its tensors show, checked by the strict
+        load); from then on it carries this model's record. A
         non-strict load (the warm-start converter's) is a partial load by intent and is not checked."""
         mine = decode_record(getattr(self, RECORD))
         theirs = state_dict.get(RECORD)
-        if theirs is None:
-            logger.info(f"the checkpoint has no position-scheme record (written before records were kept): "
-                        f"loaded as {mine}")
-        elif strict:
+        if theirs is None and strict:  # the converter's partial load of a fairseq Transformer has none, as it should
+            logger.info(f"the checkpoint has no position-scheme record (fairseq's own models write none, nor did "
+                        f"this project's before records were kept): loaded as {mine}")
+        elif theirs is not None and strict:
             t_arch, *t_schemes = decode_record(theirs).split()
             m_arch, *m_schemes = mine.split()
             if t_schemes != m_schemes and not getattr(self.args, "allow_scheme_change", False):

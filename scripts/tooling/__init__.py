@@ -9,6 +9,7 @@ What the user's tools share:
     tooling.bleu     the papers' tokenized BLEU (scripts/tokenized_bleu.py)
     tooling.bootstrap  paired bootstrap resampling over test sentences (make_tables.py, the study's tables)
     tooling.cells    the WMT14 cells: experiment names <-> configs/wmt14.yaml's pair, size, scheme (scripts/hydra_config.py)
+    tooling.slurm_jobs  Slurm's clients for a submission that never queues a job twice (scripts/submit_paper.py)
     tooling.invariance  a sentence alone vs in a left-padded batch, any scheme, any device (tests, the GPU check)
     tooling.position_arrays  a checkpoint loaded without its data; what its position schemes learned, as tensors
     tooling.position_figures  the figures of those tensors (scripts/plot_positions.py)
