@@ -53,6 +53,7 @@ def test_the_steps_name_every_home_the_tests_read_a_scheme_from():
         "equation": isinstance(PositionScheme.equation, str),
         "configs/scheme/<name>.yaml": all((REPO / "configs" / "scheme" / f"{n}.yaml").is_file() for n in NEW_SCHEMES),
         "tests/test_configs.py": (REPO / "tests" / "test_configs.py").is_file(),
+        "tests/data/golden_architectures.json": (REPO / "tests" / "data" / "golden_architectures.json").is_file(),
     }
     text = steps()
     missing = sorted(home for home in homes if home not in named(text))
