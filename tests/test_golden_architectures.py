@@ -69,6 +69,9 @@ def test_parameters_and_buffers_by_name_shape_dtype_and_order(arch):
 @pytest.mark.parametrize("arch", [pytest.param(a, marks=() if a.endswith("_tiny") else pytest.mark.slow)
                                   for a in ARCHS])
 def test_seeded_initial_values(arch):
+    if golden.torch_release() != RECORDED["torch"]:  # names, shapes and order are still compared above
+        pytest.skip(f"the values were drawn by torch {RECORDED['torch']}'s generator; this is torch "
+                    f"{golden.torch_release()} (make setup's .venv has the pinned one)")
     check(golden.record(arch), RECORDED["architectures"][arch], arch)
 
 

@@ -140,9 +140,14 @@ def without_digests(arch_record):
             "buffers": [strip(x) for x in arch_record["buffers"]]}
 
 
+def torch_release():
+    """torch's major.minor: the seeded values are its random draws (a cluster's own torch may draw otherwise)."""
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
 def full_record():
     archs = plugin_architectures()
-    return {"symbols": SYMBOLS, "seed": SEED,
+    return {"symbols": SYMBOLS, "seed": SEED, "torch": torch_release(),
             "models": {m: model_flags(m) for m in sorted({ARCH_MODEL_NAME_REGISTRY[a] for a in archs})},
             "architectures": {a: record(a) for a in archs}}
 
