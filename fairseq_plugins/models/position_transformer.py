@@ -322,6 +322,8 @@ class PositionTransformerModel(PluginTransformerModel):
         modules = self._scheme_modules()
         if len(modules) == 2 and type(modules[0]) is type(modules[1]):
             modules[0].join(modules[1])  # FLOATER: the stacks' flows solved together
+        for module in modules:
+            module.bind_model(self)  # FLOATER: counts the optimizer steps on the model's parameters
 
     def _scheme_modules(self):
         return [m for m in (self.encoder.position_scheme, self.decoder.position_scheme) if m is not None]

@@ -12,12 +12,12 @@ hooks a stack calls in this order (x-transformers' bias contract, inside fairseq
 Class hooks, at build: ``embed`` (the stack's ``embed_positions``; None adds nothing), ``build`` (the module in
 self-attention, one per stack, shared by its layers; None: fairseq's attention), ``build_cross`` (a prior in the
 decoder's cross-attention). Module hooks: ``rotate``, ``score_bias`` (H, T, S), ``attend``/``scores`` (where
-``owns_product``), ``layer_parameters``, the projection biases (``projects``: ``attach``, ``join``, ``batch``,
-``prepare``, ``project``, ``check_decoding_step``, ``complete_gradients``), ``cross_bias`` (B, H, T, S). Class attributes: ``embedding``,
-``every_block``, ``absolute_positions`` (the hooks read positions themselves: per sentence, (B, T)),
-``size_defaults``, ``flags`` (added by ``add_args``, filled in by ``defaults``, each value checked by its parser,
-``check_values`` where it came unparsed, their combinations by ``validate``; refused in one line on a model that
-does not use the scheme), and ``title``/``equation`` (how figures name the scheme and
+``owns_product``), ``layer_parameters``, the projection biases (``projects``: ``attach``, ``join``, ``bind_model``,
+``batch``, ``prepare``, ``project``, ``check_decoding_step``, ``complete_gradients``), ``cross_bias`` (B, H, T, S).
+Class attributes: ``embedding``, ``every_block``, ``absolute_positions`` (the hooks read positions themselves: per
+sentence, (B, T)), ``size_defaults``, ``flags`` (added by ``add_args``, filled in by ``defaults``, each value
+checked by its parser, ``check_values`` where it came unparsed, their combinations by ``validate``; refused in one
+line on a model that does not use the scheme), and ``title``/``equation`` (how figures name the scheme and
 its term in e_ij: scripts/plot_positions.py). Each hook's arguments, shapes and defaults:
 docs/position_schemes.md, "The contract, hook by hook".
 
@@ -128,6 +128,9 @@ class PositionScheme(nn.Module):
         pass
 
     def join(self, other: "PositionScheme"):
+        pass
+
+    def bind_model(self, model: nn.Module):
         pass
 
     def batch(self, num_positions: int):

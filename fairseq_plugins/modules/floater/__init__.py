@@ -16,6 +16,7 @@ added to block n's q/k/v projections at position i, so h ≡ 0 with b(0) = 0 is 
 - ``flows.py``       the flows and their solve;
 - ``positions.py``   a model's flows solved and cached together (training, evaluation);
 - ``shared_solve.py`` one solve per update shared by its micro-batches (opt-in, ``--floater-shared-solve``);
+- ``update_count.py`` the model's own count of its training updates, for loops that never call set_num_updates;
 - ``scheme.py``      ``Floater``, the row of ``position_transformer`` (``fairseq_plugins/schemes.py``): its flags,
   and the binding of the flows' output to a stack's attention projections through the contract's hooks.
 

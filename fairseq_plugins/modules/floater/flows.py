@@ -131,6 +131,7 @@ class FloaterFlow(nn.Module):
         self.latent = settings.method == "rk4" and not settings.adjoint and hidden <= 2 * dim
         self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
         self._num_updates = 0  # host copy of the buffer (no device sync per forward)
+        self._sets = 0  # set_num_updates calls: the model counts its own updates only between them (update_count.py)
         self._generation = 0  # bumped when train()/eval() changes the mode; part of the eval cache key
         self._epoch = 0  # bumped by invalidate_cache() and load_state_dict: drops the eval cache
         self.train_cache: Optional[_TrainCache] = None
@@ -144,8 +145,16 @@ class FloaterFlow(nn.Module):
 
     # -- fairseq / nn.Module hooks ------------------------------------------------------------------
     def set_num_updates(self, num_updates: int):
-        """Called by fairseq's trainer after every update (through the model's set_num_updates)."""
+        """The number of the update about to run; fairseq sets it before every training forward (the task's
+        train_step, through the model's set_num_updates). A training loop that never calls it gets the model's own
+        count of its optimizer steps (``update_count.py``)."""
+        self._sets += 1
         self._num_updates = int(num_updates)
+        self.num_updates.fill_(self._num_updates)
+
+    def advance_update(self):
+        """One more update, counted by the model itself (``update_count.py``), not set by a trainer."""
+        self._num_updates += 1
         self.num_updates.fill_(self._num_updates)
 
     def train(self, mode: bool = True):

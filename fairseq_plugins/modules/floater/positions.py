@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from .dynamics import FloaterDynamics
 from .flows import MIN_CACHE, FloaterFlow, _frozen_copy, _TrainCache, cache_size, solve_checked
 from .shared_solve import SharedSolve, check_pending
+from .update_count import UpdateCounter
 
 
 class FloaterPositions:
@@ -39,6 +40,8 @@ class FloaterPositions:
         self._pass_depth = 0
         self._pass_length = 0
         self._pass_result: Optional[List[Tensor]] = None
+        self._pass_counted = False  # this forward's update counted (update_count: once per training forward)
+        self.update_count = UpdateCounter(self)
 
     def add(self, flow: FloaterFlow, projections: Sequence[nn.Module]):
         lead = self.members[0][0] if self.members else flow
@@ -64,13 +67,13 @@ class FloaterPositions:
         """One forward: every flow solved once, for at least num_positions positions (nested passes join)."""
         self._pass_depth += 1
         if self._pass_depth == 1:
-            self._pass_length, self._pass_result = int(num_positions), None
+            self._pass_length, self._pass_result, self._pass_counted = int(num_positions), None, False
         try:
             yield self
         finally:
             self._pass_depth -= 1
             if self._pass_depth == 0:
-                self._pass_length, self._pass_result = 0, None
+                self._pass_length, self._pass_result, self._pass_counted = 0, None, False
 
     def biases(self, flow: FloaterFlow, num_positions: int) -> Tensor:
         """Δb of ``flow`` for the first num_positions grid points, (num_positions, k, d)."""
@@ -84,8 +87,13 @@ class FloaterPositions:
         return result[index][:num_positions]
 
     def _deltas(self, num_positions: int) -> List[Tensor]:
-        solves = self.training_solves if self.members[0][0].training else self.eval_solves
-        return solves.deltas(num_positions)
+        lead = self.members[0][0]
+        if not lead.training:
+            return self.eval_solves.deltas(num_positions)
+        if lead.settings.update_every > 1 and not self._pass_counted:
+            self.update_count.observe()  # before the schedule reads the counter: an update since the last forward?
+            self._pass_counted = self._pass_depth > 0
+        return self.training_solves.deltas(num_positions)
 
     def invalidate_cache(self):
         for flow in self.flows:

@@ -14,6 +14,8 @@ Mapping to code (``position_scheme.py``'s hooks, in the order they run):
 - ``attach(attention)``: each attention built with the module hands over its projections (block n's
   self-attention, then its cross-attention: the order of the flows' states).
 - ``join(other)``: the model's two stacks share one ``FloaterPositions``: the three flows are solved together.
+- ``bind_model(model)``: the model whose optimizer steps the flows count where nobody sets their update number
+  (``update_count.py``).
 - ``batch(n)``: one model forward, n = max(source, target length): one solve for both stacks (or none: caches).
 - ``prepare(stack, tokens, encoder_out, incremental_state)``: one stack forward: Δb for its lengths, bound to its
   projections at each token's grid row (fairseq's position numbering: left padding does not shift positions);
@@ -193,6 +195,9 @@ class Floater(PositionScheme):
 
     def join(self, other: "Floater"):
         self.positions = other.positions = FloaterPositions.joined(self.positions, other.positions)
+
+    def bind_model(self, model):
+        self.positions.update_count.bind(model)  # after join: the stacks' shared positions
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Checkpoints of the floater_transformer family kept the flows on the stacks (``encoder.floater_flow``,
