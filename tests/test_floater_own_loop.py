@@ -206,3 +206,37 @@ def test_counting_is_host_only(monkeypatch):
     # the first update's forwards keep one weight to compare (no step seen yet), the second compares it
     assert work[:2] == [["detach", "clone"], ["detach", "clone", "equal"]]
     assert work[2:] == [["fill_"] * 3, [], ["fill_"] * 3, [], ["fill_"] * 3, []]  # one count per step
+
+
+@pytest.mark.parametrize("every", [1, EVERY])
+@pytest.mark.parametrize("to_none", [True, False])
+def test_shared_solve_in_an_own_loop_without_all_reduce_grads_is_refused(every, to_none):
+    """--floater-shared-solve in a loop of one's own that steps without the model's all_reduce_grads(): θ never got
+    its gradient, and the next forward said nothing (zero_grad() to None looked like fairseq's out-of-memory
+    recovery; in place, the same update number looked like its next micro-batch). Now it stops in one line; with
+    all_reduce_grads() θ trains, and gradients zeroed without a step still drop the solve quietly."""
+    from fairseq_plugins.modules.floater.shared_solve import SharedSolveError
+
+    model = floater_model(floater_shared_solve=True, floater_update_every=every).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model(*batch(seed=1))[0].pow(2).mean().backward()
+    opt.zero_grad(set_to_none=to_none)  # no step: the recovery from an out-of-memory micro-batch
+    model(*batch(seed=2))[0].pow(2).mean().backward()
+    model.all_reduce_grads()
+    before = [p.detach().clone() for p in theta(model)]
+    opt.step()
+    opt.zero_grad(set_to_none=to_none)
+    assert any(not torch.equal(b, p) for b, p in zip(before, theta(model)))
+    for k in range(every - 1):  # to the next re-solve (every update with N = 1)
+        model(*batch(seed=10 + k))[0].pow(2).mean().backward()
+        model.all_reduce_grads()
+        opt.step()
+        opt.zero_grad(set_to_none=to_none)
+    assert (counter(model) + 1) % every == 0  # the next forward is a re-solve
+    model(*batch(seed=3))[0].pow(2).mean().backward()
+    opt.step()  # without model.all_reduce_grads()
+    opt.zero_grad(set_to_none=to_none)
+    with pytest.raises(SharedSolveError) as err:
+        model(*batch(seed=4))
+    message = str(err.value)
+    assert "\n" not in message and "model.all_reduce_grads()" in message and "before the step" in message

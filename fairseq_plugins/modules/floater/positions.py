@@ -133,6 +133,8 @@ class _TrainingSolves:
         flows = positions.flows
         lead = flows[0]
         every = lead.settings.update_every
+        if self.pending is not None:  # a cached update after an unfinished re-solve is told too, not N updates on
+            self.pending = check_pending(self.pending, lead._num_updates)
         caches = self._caches() if every > 1 else None
         if caches is None or lead._num_updates % every == 0:
             for flow in flows:

@@ -21,15 +21,17 @@ Mapping to code
   backward already averaged the other gradients; legacy_ddp after its own reduction, a patch hunk). With several
   processes the contributions to θ and b(0) are averaged over the data-parallel group as those backends average
   gradients, then added to ``.grad``.
-- A solve whose update ended without ``complete`` (a training loop that never calls it) raises at the next
-  update's forward; one whose gradients were zeroed (fairseq's recovery from an out-of-memory micro-batch) is
-  dropped with them.
+- A solve whose update ended without ``complete`` (a training loop that never calls it: an optimizer step over
+  θ or b(0) ran, or the update number moved on) raises at the next forward; one whose gradients were zeroed
+  without a step (fairseq's recovery from an out-of-memory micro-batch) is dropped with them.
 """
 
 from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from .update_count import StepWatch
 
 
 class SharedSolveError(RuntimeError):
@@ -66,6 +68,7 @@ class SharedSolve:
         self.theta = [list(t) for t in theta]  # per flow
         self.params = [p for p in (*(q for t in self.theta for q in t), *initial) if p.requires_grad]
         self.segments: List[_Segment] = []
+        self.watch = StepWatch(self.params)  # an optimizer step ends the update, completed or not
 
     @property
     def rows(self) -> int:
@@ -129,7 +132,17 @@ def _averaged(grads: List[Tensor]) -> List[Tensor]:
 
 def check_pending(pending: Optional[SharedSolve], update: int) -> Optional[SharedSolve]:
     """The pending solve if this forward can use it, None if it is to be dropped; raises for a lost gradient."""
-    if pending is None or pending.zeroed():
+    if pending is None:
+        return None
+    if pending.used() and pending.watch.stepped:
+        # a loop of one's own: its step ran without the model's all_reduce_grads(); zeroing the gradients after
+        # (zero_grad() sets them to None) or leaving the update number as it was would otherwise hide it
+        raise SharedSolveError(
+            f"--floater-shared-solve: an optimizer step ended update {pending.update} before the model's "
+            "all_reduce_grads() gave θ and b(0) their gradient from the update's solve (θ would never train): call "
+            "model.all_reduce_grads() after the last micro-batch's backward and before the step, as fairseq's "
+            "trainer does")
+    if pending.zeroed():  # fairseq's recovery from an out-of-memory micro-batch: no step, gradients zeroed
         return None
     if pending.update == update:
         return pending

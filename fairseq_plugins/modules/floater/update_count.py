@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 _COUNTERS: "weakref.WeakSet[UpdateCounter]" = weakref.WeakSet()  # the live counters the step hook tells
+_WATCHES: "weakref.WeakSet[StepWatch]" = weakref.WeakSet()  # the pending shared solves' watches
 _HOOK = []  # the global hook's handle, once registered
 
 
@@ -40,6 +41,27 @@ class UncountedUpdateError(RuntimeError):
 def _on_optimizer_step(optimizer, args, kwargs):
     for counter in list(_COUNTERS):
         counter.optimizer_stepped(optimizer)
+    for watch in list(_WATCHES):
+        watch.optimizer_stepped(optimizer)
+
+
+def _hook():
+    if not _HOOK:
+        _HOOK.append(register_optimizer_step_post_hook(_on_optimizer_step))
+
+
+class StepWatch:
+    """Whether a ``torch.optim`` optimizer holding one of ``params`` stepped since the watch began (the shared
+    solve's: an update that ended without the model's ``all_reduce_grads()``)."""
+
+    def __init__(self, params):
+        self.ids, self.stepped = frozenset(id(p) for p in params), False
+        _hook()
+        _WATCHES.add(self)
+
+    def optimizer_stepped(self, optimizer):
+        if not self.stepped:
+            self.stepped = any(id(p) in self.ids for group in optimizer.param_groups for p in group["params"])
 
 
 class UpdateCounter:
@@ -51,8 +73,7 @@ class UpdateCounter:
         self._reset()
         self._sets = 0  # the flows' set_num_updates calls seen
         self._seen_step = False  # a step has been seen: the refusal's value check is off
-        if not _HOOK:
-            _HOOK.append(register_optimizer_step_post_hook(_on_optimizer_step))
+        _hook()
 
     def _reset(self):
         self._epochs: Optional[tuple] = None  # the flows' _epoch counters when _params was collected
