@@ -8,5 +8,6 @@
     wmt14_stand_in  that stand-in: newstest2014's lengths, made-up words
     verdicts        the check's report (markdown, json) and its verdicts
     campaign_jobs   the campaign's runs, jobs, concurrency, archives and manifest
+    campaign_report a campaign call's archives of its runs and its campaign.md
     mps             CUDA MPS started and stopped for a call's many processes on one GPU
 """
