@@ -1,8 +1,9 @@
 """Which fairseq the plugins run on, and what they refuse on one without this project's patch.
 
-``third_party/fairseq-0.12.2.patch`` adds ``fairseq.plugins_patch`` (its ``VERSION``); the PyPI release, fairseq's
-GitHub main and their forks lack it, and all of them report version 0.12.2. Without the patch fairseq trains these
-silently wrong, so ``unpatched_refusal`` names them and the model refuses its first training forward:
+``third_party/fairseq-0.12.2/03-plugin-hooks.patch`` adds ``fairseq.plugins_patch`` (its ``VERSION``), and applies only
+after ``02-fixes.patch``, whose FP16Optimizer hunks the marker vouches for too; the PyPI release, fairseq's GitHub main
+and their forks lack it, and all of them report version 0.12.2. Without those parts fairseq trains these silently
+wrong, so ``unpatched_refusal`` names them and the model refuses its first training forward:
 - FP16Optimizer (``--fp16``/``--bf16`` without ``--amp`` or ``--memory-efficient-*``) with parameters that sit out
   updates (``may_skip_update``: FLOATER's ``--floater-update-every N > 1``, ``--floater-cache-whole-bias``): its
   flat gradients skip them without advancing the offset, so every later parameter's gradient lands in another's

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-shot, idempotent environment set-up: .venv/ with torch, patched fairseq 0.12.2 and the pinned
-# requirements. A rerun whose inputs (this script, requirements.txt, the patch) are unchanged installs nothing: it
-# only points the venv at this checkout's code (a venv shared by two checkouts imports the last one set up).
+# requirements. A rerun whose inputs (this script, requirements.txt, the fairseq patches in third_party/fairseq-0.12.2/)
+# are unchanged installs nothing: it only points the venv at this checkout's code (a venv shared by two checkouts
+# imports the last one set up).
 #   scripts/setup_env.sh [--stamp]   (--stamp: print the stamp a venv set up from these inputs records, and exit)
 #
 #   PYTHON=python3.11   interpreter for the venv (Python 3.10 to 3.13; default python3.11, else python3)
@@ -25,12 +26,17 @@ VENV=${VENV:-.venv}
 CACHE=${CACHE:-$ROOT/.cache}  # where the fairseq wheel is built and kept
 SDIST_URL=https://files.pythonhosted.org/packages/30/36/db42846570f479ac859be3b48d8b47f2ae9b0b9c77487a512f2f2ecbcb6b/fairseq-0.12.2.tar.gz
 SDIST_SHA256=34f1b18426bf3844714534162f065ab733e049597476daa35fffb4d06a92b524
-PATCH=$ROOT/third_party/fairseq-0.12.2.patch
+# fairseq's patch in parts (compatibility, fixes, plugin hooks, the fast update), applied in this (the names') order
+PATCHES=("$ROOT"/third_party/fairseq-0.12.2/[0-9][0-9]-*.patch)
+[ -f "${PATCHES[0]}" ] ||
+  { echo "setup_env.sh: no NN-*.patch in $ROOT/third_party/fairseq-0.12.2/: expected 01-compat.patch and the rest" >&2; exit 1; }
+# their names and contents, in order: a change to any of them, or to their order, is a new fairseq
+patches_sha() { (cd "$ROOT/third_party/fairseq-0.12.2" && sha256sum [0-9][0-9]-*.patch) | sha256sum | cut -c1-16; }
 case $VENV in /*) PY=$VENV/bin/python ;; *) PY=$ROOT/$VENV/bin/python ;; esac
 
 # What is installed depends on these inputs only; which checkout the venv imports is set apart (link_checkout), so
 # that a venv shared by several checkouts imports the code of the one that last ran the set-up, at no reinstall.
-stamp_inputs() { { cat scripts/setup_env.sh requirements.txt "$PATCH"; echo "${BUNDLE:-}"; } | sha256sum | cut -c1-16; }
+stamp_inputs() { { cat scripts/setup_env.sh requirements.txt; patches_sha; echo "${BUNDLE:-}"; } | sha256sum | cut -c1-16; }
 STAMP=$(stamp_inputs)
 if [ "${1:-}" = --stamp ]; then  # the stamp a venv set up from this checkout's inputs records
   echo "$STAMP"; exit 0
@@ -121,8 +127,8 @@ else
   "${PIP[@]}" --no-deps -r requirements.txt
 fi
 
-# fairseq: official sdist (checksum-pinned) + our patch, built once into a cached wheel.
-PATCH_SHA=$(sha256sum "$PATCH" | cut -c1-12)
+# fairseq: official sdist (checksum-pinned) + our patches, built once into a cached wheel.
+PATCH_SHA=$(patches_sha | cut -c1-12)
 WHEEL_DIR=$CACHE/wheels/fairseq-0.12.2-$PATCH_SHA-py$PYVER-torch$TORCH_VER
 mkdir -p "$CACHE" "$WHEEL_DIR"
 if ! ls "$WHEEL_DIR"/fairseq-*.whl >/dev/null 2>&1; then
@@ -137,7 +143,10 @@ if ! ls "$WHEEL_DIR"/fairseq-*.whl >/dev/null 2>&1; then
   BUILD=$(mktemp -d)
   trap 'rm -rf "$BUILD"' EXIT
   tar xzf "$SDIST" --no-same-owner -C "$BUILD"  # the sdist's owner ids need not exist here
-  (cd "$BUILD/fairseq-0.12.2" && patch -p1 --quiet < "$PATCH")
+  for p in "${PATCHES[@]}"; do
+    (cd "$BUILD/fairseq-0.12.2" && patch -p1 --quiet < "$p") ||
+      { echo "setup_env.sh: $p does not apply to the fairseq 0.12.2 sdist after the parts before it" >&2; exit 1; }
+  done
   echo "setup: building the fairseq wheel (once; cached in $WHEEL_DIR)"
   env -u CUDA_HOME -u CUDA_PATH "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$BUILD/wheel" \
     "$BUILD/fairseq-0.12.2"

@@ -1,6 +1,6 @@
 """`--optimizer adam --adam-impl torch`: fairseq's Adam stepped by torch's multi-tensor kernels (the fused ones on
-CPU and CUDA, foreach elsewhere: TorchAdam in fairseq/optim/adam.py, third_party/fairseq-0.12.2.patch) gives the
-parameters of fairseq's own Adam (`--adam-impl fairseq`, the default) to float rounding:
+CPU and CUDA, foreach elsewhere: TorchAdam in fairseq/optim/adam.py, third_party/fairseq-0.12.2/04-fused-update.patch)
+gives the parameters of fairseq's own Adam (`--adam-impl fairseq`, the default) to float rounding:
 
 - the optimizer alone, 20 steps: tensors of several shapes in two groups, two of them without a gradient in 2 steps
   of 3 (so that step counts differ within a group), weight decay, amsgrad, torch's foreach and fused kernels,

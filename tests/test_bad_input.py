@@ -6,8 +6,9 @@ flag errors go through argparse, which prints the usage and then the error as th
 no traceback); the plugins' flags print only the error line. Errors raised inside fairseq (an unreadable
 or refused checkpoint, a checkpoint of another architecture, a sentence longer than the model's positions) end
 in a short Python traceback whose last line is the message: no chained traceback, no state-dict dump. The
-checkpoint messages come from our fairseq patch (third_party/fairseq-0.12.2.patch: torch_load_checkpoint and
-Trainer.load_checkpoint); the too-long sentence is fairseq's own size check, made before anything is translated.
+checkpoint messages come from our fairseq patch (third_party/fairseq-0.12.2/: torch_load_checkpoint in
+01-compat.patch, Trainer.load_checkpoint in 02-fixes.patch); the too-long sentence is fairseq's own size check, made
+before anything is translated.
 """
 import subprocess
 import sys

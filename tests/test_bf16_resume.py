@@ -1,10 +1,10 @@
 """A --bf16 checkpoint resumes with or without --fused-update, under either --adam-impl, Adam's moments kept.
 
 fairseq's --bf16 keeps a float32 master copy per parameter tensor; with --fused-update they are one flat buffer, as
---fp16's are (and --fp16-no-flatten-grads' per tensor). FP16Optimizer.load_state_dict (third_party/
-fairseq-0.12.2.patch) brings a checkpoint's optimizer state into the resuming run's layout, the moments joined or
-split in the parameters' order; before, torch refused the other layout ("loaded state dict contains a parameter
-group that doesn't match the size of optimizer's group").
+--fp16's are (and --fp16-no-flatten-grads' per tensor). FP16Optimizer.load_state_dict
+(third_party/fairseq-0.12.2/04-fused-update.patch) brings a checkpoint's optimizer state into the resuming run's
+layout, the moments joined or split in the parameters' order; before, torch refused the other layout ("loaded state
+dict contains a parameter group that doesn't match the size of optimizer's group").
 
 - Checkpoints written by fairseq-train (3 updates, --bf16, each of --fused-update on/off x --adam-impl
   fairseq/torch), loaded by fairseq's Trainer under each of the four: every parameter's exp_avg, exp_avg_sq and step

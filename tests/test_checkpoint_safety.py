@@ -1,6 +1,6 @@
 """Checkpoints are untrusted input: fairseq's loader (checkpoint_utils.load_checkpoint_to_cpu, patched to use
-torch's weights_only unpickler with argparse.Namespace allowed, see third_party/fairseq-0.12.2.patch) refuses a
-checkpoint whose pickle would run code, before running it, with one line naming the file and the refused
+torch's weights_only unpickler with argparse.Namespace allowed, see third_party/fairseq-0.12.2/01-compat.patch)
+refuses a checkpoint whose pickle would run code, before running it, with one line naming the file and the refused
 callable; real checkpoints, including the legacy format whose "args" is an argparse.Namespace, still load."""
 import argparse
 import os

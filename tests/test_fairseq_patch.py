@@ -1,12 +1,18 @@
-"""What third_party/fairseq-0.12.2.patch must keep working in fairseq itself: TorchScript export of the
-Transformer and of its SequenceGenerator (fairseq's own TestJitSequenceGenerator checks, plus equal hypotheses),
-and `fairseq-train --bf16` on CPU without a TPU. The plugin archs refuse torch.jit.script in one line."""
+"""third_party/fairseq-0.12.2/, the patch in four parts: they apply in order to the official sdist, exactly, and give
+the installed fairseq; a fairseq may stop after any part; each part names every hunk with a one-line reason. What
+the patch must keep working in fairseq itself: TorchScript export of the Transformer and of its SequenceGenerator
+(fairseq's own TestJitSequenceGenerator checks, plus equal hypotheses), and `fairseq-train --bf16` on CPU without a
+TPU. The plugin archs refuse torch.jit.script in one line."""
 import argparse
 import math
+import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
+import fairseq
 import pytest
 import torch
 from fairseq import checkpoint_utils, utils
@@ -15,6 +21,7 @@ from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
 from helpers.small_task import run1, small_data, train_cmd
+from helpers.stock_fairseq import PATCHES, SDIST
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
 
@@ -23,6 +30,78 @@ from fairseq_plugins.schemes import SCHEMES  # noqa: E402
 TABLE_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix]  # every scheme with architectures
 # the plugins' (fairseq's own `transformer` scripts: tested above)
 PLUGIN_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.arch_prefix and s.family != "transformer"]
+
+
+
+PARTS = ["01-compat.patch", "02-fixes.patch", "03-plugin-hooks.patch", "04-fused-update.patch"]
+
+
+def hunks(part):
+    """(path, line) of each hunk of a part: its file and the first line it changes in the tree it applies to."""
+    found, path = [], None
+    for line in (PATCHES / part).read_text().splitlines():
+        if line.startswith("--- a/"):
+            path = line[len("--- a/"):].split("\t")[0]
+        elif line.startswith("@@ -") and path:
+            found.append((path, int(re.match(r"@@ -(\d+)", line).group(1))))
+    return found
+
+
+def unpacked_sdist(folder):
+    assert SDIST.exists(), f"{SDIST}: the fairseq sdist (make setup downloads it)"
+    subprocess.run(["tar", "xzf", str(SDIST), "--no-same-owner", "-C", str(folder)], check=True)
+    return folder / "fairseq-0.12.2"
+
+
+def apply(tree, part):
+    """`patch -p1` as scripts/setup_env.sh runs it, but exact: no fuzz, and no hunk at another line than written."""
+    proc = subprocess.run(["patch", "-p1", "--fuzz=0", "--no-backup-if-mismatch"], input=(PATCHES / part).read_text(),
+                          text=True, capture_output=True, cwd=tree)
+    assert proc.returncode == 0 and "offset" not in proc.stdout, f"{part}: {proc.stdout}{proc.stderr}"
+
+
+def test_the_patch_is_four_parts_each_naming_its_hunks_with_a_reason():
+    assert sorted(p.name for p in PATCHES.iterdir()) == PARTS
+    for part in PARTS:
+        text = (PATCHES / part).read_text()
+        preamble = text[:text.index("\ndiff -ruN ")]
+        # one line a hunk, "  path:line  why", in the order of the hunks
+        listed = [(m.group(1), int(m.group(2))) for m in re.finditer(r"^  (\S+):(\d+)  \S.*$", preamble, flags=re.M)]
+        assert hunks(part) and listed == hunks(part), part
+
+
+@pytest.mark.fresh_processes  # imports each prefix's fairseq in a process of its own
+def test_the_parts_apply_in_order_give_the_installed_fairseq_and_any_prefix_runs(tmp_path):
+    tree = unpacked_sdist(tmp_path)
+    installed = Path(fairseq.__file__).parent
+    compiled = [p.relative_to(installed) for p in installed.rglob("*.so")]  # no part changes a compiled source
+    for n, part in enumerate(PARTS, 1):
+        apply(tree, part)
+        prefix = tmp_path / f"upto{n}"
+        for package in ("fairseq", "fairseq_cli"):
+            shutil.copytree(tree / package, prefix / package)
+        for so in compiled:
+            shutil.copy2(installed / so, prefix / "fairseq" / so)
+        # a fairseq that stops after this part imports, trains' parser builds, and has what the parts so far add
+        probe = ("import fairseq, fairseq.trainer, fairseq_cli.train\n"
+                 "from fairseq import options\n"
+                 "args = options.parse_args_and_arch(options.get_training_parser(), "
+                 "['data-bin', '--arch', 'transformer', '--optimizer', 'adam', '--bf16'])\n"
+                 "import importlib.util\n"
+                 "print(fairseq.__file__, args.tpu, importlib.util.find_spec('fairseq.plugins_patch') is not None,"
+                 " hasattr(args, 'fused_update'))")
+        proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, text=True, capture_output=True,
+                              env={**os.environ, "PYTHONPATH": str(prefix)})
+        assert proc.returncode == 0, f"{part}: {proc.stderr[-2000:]}"
+        where, tpu, marker, fused = proc.stdout.split()
+        assert where == str(prefix / "fairseq" / "__init__.py")
+        assert (tpu, marker, fused) == (str(n < 2), str(n >= 3), str(n >= 4)), part  # --bf16 implied --tpu before 02
+    for package in ("fairseq", "fairseq_cli"):  # all four: the installed fairseq, file for file
+        made = {p.relative_to(tree): p.read_bytes() for p in (tree / package).rglob("*.py")}
+        have = {p.relative_to(installed.parent): p.read_bytes() for p in (installed.parent / package).rglob("*.py")}
+        differ = sorted(str(f) for f in made.keys() | have.keys() if made.get(f) != have.get(f))
+        assert differ == [], f"{package}: the parts give other files than the installed fairseq's (make setup?)"
+
 
 
 from helpers import tiny_models  # noqa: E402

@@ -1,7 +1,7 @@
 """`--fused-update`: fairseq's update with its bookkeeping in multi-tensor operations and without per-update reads
-of device values (third_party/fairseq-0.12.2.patch: fairseq/utils.py's clip_grad_norm_, FairseqOptimizer's
-multiply_grads and clip_grad_norm, FP16Optimizer's master copies and --bf16's flat master weights, the trainer's
-metrics), against fairseq's own update on the same batches:
+of device values (third_party/fairseq-0.12.2/04-fused-update.patch: fairseq/utils.py's clip_grad_norm_,
+FairseqOptimizer's multiply_grads and clip_grad_norm, FP16Optimizer's master copies and --bf16's flat master weights,
+the trainer's metrics), against fairseq's own update on the same batches:
 
 - every update of fairseq's Trainer in every precision mode (fp32, --fp16 flat and not, --bf16, --amp, the
   memory-efficient ones), in lockstep (after each update the fused trainer takes the default one's weights, master
