@@ -3,6 +3,7 @@
 (its reference, its flags' values, its embedding's evaluation positions, its figures' title and equation, its
 WMT14 config) is named in the steps and exists where they say, and the docs' table has a row for every row of
 ``SCHEMES``."""
+import dataclasses
 import re
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from conftest import REPO
 from helpers import scheme_references
 from fairseq_plugins.modules.position_scheme import PositionScheme
-from fairseq_plugins.schemes import NEW_SCHEMES, SCHEMES
+from fairseq_plugins.schemes import FAMILY_SCHEMES, NEW_SCHEMES, SCHEMES
 
 DOC = REPO / "docs" / "position_schemes.md"
 TESTS = REPO / "tests" / "test_position_schemes.py"
@@ -70,3 +71,25 @@ def test_the_docs_table_has_every_scheme():
     rows = [line for line in DOC.read_text(encoding="utf-8").splitlines() if line.startswith("| `")]
     in_docs = [re.match(r"\| `(\w+)`", line).group(1) for line in rows]
     assert in_docs == list(SCHEMES), "docs/position_schemes.md's table: one row per row of SCHEMES, in its order"
+
+
+def test_a_row_without_its_model_class_fails_naming_the_class_the_steps_show(monkeypatch):
+    """Step 2's model class: the plugins' import checks that every row of position_transformer's family has its
+    class, in the table's order; a row without one fails naming the class to write, which is the steps' form."""
+    from fairseq_plugins.models import position_transformer as pt
+
+    pt.check_family_models()  # today's table and classes
+    monkeypatch.setitem(SCHEMES, "throwaway", dataclasses.replace(SCHEMES["alibi"], name="throwaway",
+                                                                  arch_prefix="throwaway_transformer"))
+    decorator, = (n for n in named(steps()) if n.startswith("@register_model("))
+    cls, = (n for n in named(steps()) if n.startswith("class <Name>"))
+    form = f"{decorator} {cls}".replace("<name>", "throwaway").replace("<Name>", "Throwaway")
+    last = FAMILY_SCHEMES[-1]
+    with pytest.raises(ImportError, match=f"scheme throwaway needs its model class, after the class of {last} "
+                                          rf"\(the table's order\): {re.escape(form)}$"):
+        pt.check_family_models((*FAMILY_SCHEMES, "throwaway"))
+    # a class missing, or out of the table's order, is named the same way
+    without = {n: m for n, m in pt.FAMILY_MODELS.items() if n != "rope"}
+    with pytest.raises(ImportError, match=r"scheme rope needs its model class, after the class of fire .*"
+                                          r"class RopeTransformerModel\(PositionTransformerModel, family=\"rope\"\)"):
+        pt.check_family_models(models=without)

@@ -126,7 +126,7 @@ def test_learned_variant_rejects_sentences_longer_than_its_table():
 def test_archs_are_position_transformers_with_fairseq_dims_and_flag_in_help(capsys):
     """The five architecture names of the model this scheme once had are position_transformer's, with fairseq's
     dims at each size; the model ``transformer_every_layer_pos`` is position_transformer with --help listing this
-    scheme's flags (fairseq_plugins/models/position_transformer.py, _family_model)."""
+    scheme's flags (fairseq_plugins/models/position_transformer.py, its class TransformerEveryLayerPosModel)."""
     assert MODEL_REGISTRY["transformer_every_layer_pos"].__bases__ == (PositionTransformerModel,)
     for suffix in SIZES.values():
         ours, theirs = argparse.Namespace(), argparse.Namespace()

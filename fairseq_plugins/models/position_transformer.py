@@ -23,14 +23,15 @@ names, ``transformer_every_layer_pos``, ``relative_transformer`` and ``floater_t
 ``transformer`` dims, ``_wmt_en_de`` (base), ``_vaswani_wmt_en_de_big``, ``_vaswani_wmt_en_fr_big`` and
 ``_tiny`` (tests), and the values the scheme pins per size (``size_defaults``: Shaw's paper settings), for each
 scheme of ``FAMILY_SCHEMES`` (a cross-attention prior's: sinusoidal stacks, or those of ``--position-scheme``,
-with the prior); any other combination through the flags on ``position_transformer``.
+with the prior), each under the scheme's model class (``family=``: ``RopeTransformerModel``); any other combination
+through the flags on ``position_transformer``.
 """
 
 import logging
 from contextlib import ExitStack, contextmanager, nullcontext
 
 from fairseq.distributed import fsdp_wrap
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import MODEL_REGISTRY, register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
@@ -58,6 +59,7 @@ CROSS_PRIORS = {n: s for n, s in SCHEMES.items() if s.cross}  # what --cross-pos
 # each once, in the table's order
 SCHEME_CLASSES = tuple(dict.fromkeys(s.cls for s in (*STACK_SCHEMES.values(), *CROSS_PRIORS.values())))
 NO_PRIOR = "none"
+FAMILY_MODELS = {}  # scheme name -> the model of its architectures, in definition order (PositionTransformerModel)
 
 
 def _scheme_names(encoder):
@@ -128,42 +130,44 @@ def cross_prior(args):
     return CROSS_PRIORS.get(name)
 
 
-def _positional(layer_base):
-    """A fairseq layer class whose self-attention follows its stack's scheme module (``position_scheme``, handed
-    over by the stack; None: fairseq's attention)."""
-
-    class Layer(layer_base):
-        def __init__(self, cfg, *args, position_scheme=None, **kwargs):
-            # build_self_attention reads it inside fairseq's __init__, before nn.Module takes submodules; a plain
-            # reference, not a submodule of every layer (the stack owns it)
-            object.__setattr__(self, "position_scheme", position_scheme)
-            super().__init__(cfg, *args, **kwargs)
-            # fairseq 0.12.2 without this project's patch: after a checkpoint load its encoder sends an eval batch
-            # through torch's BetterTransformer kernel, which never calls self.self_attn (the scheme's attention);
-            # both the encoder and the layer test this flag first
-            if hasattr(self, "can_use_fastpath"):
-                self.can_use_fastpath = False
-
-        def build_self_attention(self, embed_dim, cfg, **extra):
-            if self.position_scheme is None:
-                return super().build_self_attention(embed_dim, cfg, **extra)
-            if any(extra.values()):  # the decoder's add_bias_kv / add_zero_attn
-                raise ValueError("position schemes in attention support neither add_bias_kv nor add_zero_attn")
-            heads = cfg.decoder.attention_heads if issubclass(layer_base, TransformerDecoderLayerBase) \
-                else cfg.encoder.attention_heads
-            return PositionalSelfAttention(embed_dim, heads, self.position_scheme, dropout=cfg.attention_dropout,
-                                           q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
-
-    Layer.__name__ = f"Positional{layer_base.__name__.replace('Base', '')}"
-    return Layer
+def _references(module, **values):
+    """Set attributes of an nn.Module as plain references: fairseq's __init__ calls the build_* hooks that read them
+    before nn.Module.__init__ has run (it refuses a submodule then), and a layer keeps its stack's modules as
+    references, not submodules of every layer (the stack owns them)."""
+    for name, value in values.items():
+        object.__setattr__(module, name, value)
 
 
-PositionalEncoderLayer = _positional(TransformerEncoderLayerBase)
+class _PositionalLayer:
+    """A fairseq layer whose self-attention follows its stack's scheme module (``position_scheme``, handed over by
+    the stack; None: fairseq's attention). First base of a fairseq layer class."""
+
+    def __init__(self, cfg, *args, position_scheme=None, **kwargs):
+        _references(self, position_scheme=position_scheme)  # read by build_self_attention in fairseq's __init__
+        super().__init__(cfg, *args, **kwargs)
+        # fairseq 0.12.2 without this project's patch: after a checkpoint load its encoder sends an eval batch
+        # through torch's BetterTransformer kernel, which never calls self.self_attn (the scheme's attention);
+        # both the encoder and the layer test this flag first
+        if hasattr(self, "can_use_fastpath"):
+            self.can_use_fastpath = False
+
+    def build_self_attention(self, embed_dim, cfg, **extra):
+        if self.position_scheme is None:
+            return super().build_self_attention(embed_dim, cfg, **extra)
+        if any(extra.values()):  # the decoder's add_bias_kv / add_zero_attn
+            raise ValueError("position schemes in attention support neither add_bias_kv nor add_zero_attn")
+        heads = (cfg.decoder if isinstance(self, TransformerDecoderLayerBase) else cfg.encoder).attention_heads
+        return PositionalSelfAttention(embed_dim, heads, self.position_scheme, dropout=cfg.attention_dropout,
+                                       q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
 
 
-class PositionalDecoderLayer(_positional(TransformerDecoderLayerBase)):
+class PositionalEncoderLayer(_PositionalLayer, TransformerEncoderLayerBase):
+    pass
+
+
+class PositionalDecoderLayer(_PositionalLayer, TransformerDecoderLayerBase):
     def __init__(self, cfg, *args, cross_prior=None, **kwargs):
-        object.__setattr__(self, "cross_prior", cross_prior)  # the decoder's, as position_scheme is the stack's
+        _references(self, cross_prior=cross_prior)  # the decoder's, as position_scheme is the stack's
         super().__init__(cfg, *args, **kwargs)
 
     def build_encoder_attention(self, embed_dim, cfg):
@@ -253,8 +257,7 @@ class PositionEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, scheme, return_fc=False):
         embed_dim, heads = cfg.encoder.embed_dim, cfg.encoder.attention_heads
         module = scheme.cls.build(cfg, heads, embed_dim // heads, causal=False)  # before fairseq's: the RNG's order
-        # for build_encoder_layer, which fairseq's __init__ calls before nn.Module takes submodules
-        object.__setattr__(self, "position_scheme", module)
+        _references(self, position_scheme=module)  # for build_encoder_layer, in fairseq's __init__
         self.every_block = scheme.cls.every_block
         cfg.encoder.learned_pos = scheme.cls.learned_table(cfg.encoder.learned_pos)
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
@@ -278,9 +281,7 @@ class PositionDecoder(TransformerDecoderBase):
         embed_dim, heads = cfg.decoder.embed_dim, cfg.decoder.attention_heads
         module = scheme.cls.build(cfg, heads, embed_dim // heads, causal=True)
         cross = prior.cls.build_cross(cfg, heads) if prior is not None else None
-        # for build_decoder_layer, as the encoder's: plain references while fairseq's __init__ builds the layers
-        object.__setattr__(self, "position_scheme", module)
-        object.__setattr__(self, "cross_position_prior", cross)
+        _references(self, position_scheme=module, cross_position_prior=cross)  # for build_decoder_layer, as above
         self.every_block = scheme.cls.every_block
         cfg.decoder.learned_pos = scheme.cls.learned_table(cfg.decoder.learned_pos)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
@@ -349,6 +350,19 @@ class PositionTransformerModel(PluginTransformerModel):
             module.complete_gradients()
 
     listed = None  # the scheme classes whose flags --help lists (None: every scheme's; a family's model: its own)
+
+    def __init_subclass__(cls, family=None, **kwargs):
+        """``family="x"``: the model of scheme x's architectures (model name: its arch prefix),
+        position_transformer itself, whose --help lists x's flags alone, with the cross-attention priors' that any
+        stack scheme takes. The other schemes' flags stay accepted, unlisted, so that a value that would do nothing
+        gets its one line (check_flags_act); a checkpoint names its architecture, so old ones load as this class."""
+        super().__init_subclass__(**kwargs)
+        if family is None:
+            return
+        scheme = SCHEMES[family]
+        cls.listed = {scheme.cls, *(s.cls for s in CROSS_PRIORS.values())}
+        cls.__doc__ = f"position_transformer with --help listing the flags of {scheme.name} ({scheme.paper})."
+        FAMILY_MODELS[family] = cls
 
     @classmethod
     def add_args(cls, parser):
@@ -473,18 +487,102 @@ def _register(scheme):
         register_model_architecture(scheme.arch_prefix, scheme.arch(size))(arch)
 
 
-def _family_model(scheme):
-    """The model of a scheme's architectures (model name: its arch prefix): position_transformer itself, whose
-    --help lists that scheme's flags alone, with the cross-attention priors' that any stack scheme takes. The
-    other schemes' flags stay accepted, unlisted, so that a value that would do nothing gets its one line
-    (check_flags_act); a checkpoint names its architecture, so old ones load as this class."""
-    listed = {scheme.cls, *(s.cls for s in CROSS_PRIORS.values())}
+# the model of each scheme of FAMILY_SCHEMES, in the table's order (that of fairseq's registries and of --help's
+# list of models); a row without its class fails the import, naming the class to write (check_family_models)
+
+
+@register_model("transformer_every_layer_pos")
+class TransformerEveryLayerPosModel(PositionTransformerModel, family="every_layer"):
+    pass
+
+
+@register_model("shape_transformer")
+class ShapeTransformerModel(PositionTransformerModel, family="shape"):
+    pass
+
+
+@register_model("cape_transformer")
+class CapeTransformerModel(PositionTransformerModel, family="cape"):
+    pass
+
+
+@register_model("randomized_transformer")
+class RandomizedTransformerModel(PositionTransformerModel, family="randomized"):
+    pass
+
+
+@register_model("t5_transformer")
+class T5TransformerModel(PositionTransformerModel, family="t5"):
+    pass
+
+
+@register_model("alibi_transformer")
+class AlibiTransformerModel(PositionTransformerModel, family="alibi"):
+    pass
+
+
+@register_model("kerple_transformer")
+class KerpleTransformerModel(PositionTransformerModel, family="kerple"):
+    pass
+
+
+@register_model("fire_transformer")
+class FireTransformerModel(PositionTransformerModel, family="fire"):
+    pass
+
+
+@register_model("rope_transformer")
+class RopeTransformerModel(PositionTransformerModel, family="rope"):
+    pass
+
+
+@register_model("nope_transformer")
+class NopeTransformerModel(PositionTransformerModel, family="nope"):
+    pass
+
+
+@register_model("alibi_sync_transformer")
+class AlibiSyncTransformerModel(PositionTransformerModel, family="alibi_sync"):
+    pass
+
+
+@register_model("relative_transformer")
+class RelativeTransformerModel(PositionTransformerModel, family="shaw"):
+    pass
+
+
+@register_model("floater_transformer")
+class FloaterTransformerModel(PositionTransformerModel, family="floater"):
+    pass
+
+
+def family_class(scheme):
+    """The model class a scheme's row asks for, as one line of source: named after its arch prefix
+    (rope_transformer: RopeTransformerModel) and registered under it."""
     name = "".join(part.capitalize() for part in scheme.arch_prefix.split("_")) + "Model"
-    doc = f"position_transformer with --help listing the flags of {scheme.name} ({scheme.paper})."
-    model = type(name, (PositionTransformerModel,), {"listed": listed, "__doc__": doc, "__module__": __name__})
-    return register_model(scheme.arch_prefix)(model)
+    return _source(scheme.arch_prefix, name, scheme.name)
 
 
+def _source(registered, name, family):
+    return f'@register_model("{registered}") class {name}(PositionTransformerModel, family="{family}"): pass'
+
+
+def check_family_models(names=FAMILY_SCHEMES, models=FAMILY_MODELS):
+    """ImportError unless the model classes above are those the rows ``names`` ask for, in their order (that of
+    fairseq's registries), naming the class to write where one is missing or differs."""
+    have = [_source(next((k for k, v in MODEL_REGISTRY.items() if v is model), None), model.__name__, family)
+            for family, model in models.items()]
+    for i, name in enumerate(names):
+        if have[i:i + 1] != [family_class(SCHEMES[name])]:
+            where = f"after the class of {names[i - 1]}" if i else "first"
+            raise ImportError(f"{__name__}: scheme {name} needs its model class, {where} (the table's order): "
+                              f"{family_class(SCHEMES[name])}")
+    if len(have) > len(names):
+        raise ImportError(f"{__name__}: model classes of no row of FAMILY_SCHEMES: {'; '.join(have[len(names):])}")
+
+
+check_family_models()
+# each row's architectures, its arch prefix with each size's suffix: their names, in
+# tests/data/golden_architectures.json
 for _scheme in FAMILY_SCHEMES:
-    _family_model(SCHEMES[_scheme])
     _register(SCHEMES[_scheme])
