@@ -433,6 +433,59 @@ def test_count_ops_of_the_users_update_names_every_sync(tmp_path):
         assert fused[key]["ops"] < r["ops"] and fused[key]["syncs"] < r["syncs"]
 
 
+def test_update_memory_reports_a_peak_per_precision_and_update(tmp_path):
+    """--count-ops --regime --memory: every precision, default and fused, a positive peak beside the counts."""
+    out_json, out_md = tmp_path / "m.json", tmp_path / "m.md"
+    run([sys.executable, "scripts/bench/bench.py", "--count-ops", "--regime", "--memory", "--quick", "--silent",
+         "--precision", "fp32,amp,bf16,fp16", "--max-tokens", "128", "--models", "transformer", "--memory-reps", "1",
+         "--out-json", str(out_json), "--out-md", str(out_md)])
+    res = json.loads(out_json.read_text())
+    assert res["kind"] == "update_memory"
+    rows = {(r["precision"], r["update"]): r for r in res["rows"]}
+    assert rows.keys() == {(p, u) for p in ("fp32", "amp", "bf16", "fp16") for u in ("default", "fused")}
+    for r in rows.values():
+        assert r["peak_mib"] > 0 and len(r["peak_mib_samples"]) == 1 and r["ops"] > 0
+    for p in ("fp32", "amp", "bf16", "fp16"):  # the fused rows are --fused-update --adam-impl torch's
+        assert rows[p, "fused"]["ops"] < rows[p, "default"]["ops"]
+    assert f"| tiny | bf16 | 128 | transformer | fused | {rows['bf16', 'fused']['ops']:,} |" in out_md.read_text()
+
+
+def _probe_with_an_allocation_in_adams_step(job):
+    """The update memory probe, with torch Adam's step holding 64 MiB more while it runs (a forked child's patch)."""
+    from fairseq.optim.adam import TorchAdam
+    from tooling.bench.update_memory import update_memory_probe
+
+    step = TorchAdam.step
+
+    def holding(self, *args, **kwargs):
+        extra = torch.ones(16 * 2**20)  # 64 MiB, written: resident
+        out = step(self, *args, **kwargs)
+        del extra
+        return out
+
+    TorchAdam.step = holding
+    return update_memory_probe(job)
+
+
+def test_update_memory_sees_what_the_update_allocates():
+    """The probe's figure is the measured update's: 64 MiB held through the optimizer's step (when the forward's
+    activations are gone) raise it by about that much."""
+    import multiprocessing
+
+    from tooling.bench.models import FUSED_UPDATE, model_specs
+    from tooling.bench.regime import regime_archs
+    from tooling.bench.update_memory import update_memory_probe
+
+    arch, flags, kind = model_specs("tiny", 100, archs=regime_archs("tiny"))["transformer"]
+    job = dict(arch=arch, flags=flags + list(FUSED_UPDATE), kind=kind, precision="fp32", max_tokens=128, vocab=64,
+               seed=1, device="cpu", threads=1)
+    with multiprocessing.get_context("fork").Pool(1, maxtasksperchild=1) as pool:  # the patch and mallopt stay there
+        plain = pool.apply(update_memory_probe, (job,))
+        held = pool.apply(_probe_with_an_allocation_in_adams_step, (job,))
+    assert 0 < plain < 48, plain
+    assert 56 < held - plain <= 64 + 8, (plain, held)
+
+
 @pytest.mark.slow
 def test_the_speed_checks_dry_run_writes_its_figures(tmp_path):
     """scripts/gpu/speed_check.sh --dry-run: the device script's every step on CPU at tiny dims: both updates' regime

@@ -25,6 +25,7 @@ from tooling.atomic import write_text
 from tooling.bench.phases import run
 from tooling.bench.models import ARCHS, SCHEME_NAMES
 from tooling.bench.ops import count_ops
+from tooling.bench.update_memory import update_memory_markdown
 from tooling.bench.update_ops import count_update_ops, update_ops_markdown
 from tooling.bench.timing import CLOCKS, parse_lengths
 from tooling.bench.regime import PRECISIONS, check_args, run_regime
@@ -74,6 +75,10 @@ def main(argv=None, command=None):
                         "writes results/bench/bench_ops.json/.md unless --out-json/--out-md are given; with --regime: "
                         "of fairseq's Trainer.train_step per precision, each sync named "
                         "(results/bench/bench_update_ops.*)")
+    p.add_argument("--memory", action="store_true",
+                   help="with --count-ops --regime: the default update and --fused-update --adam-impl torch, each "
+                        "row with the peak host memory of the counted update above the resident set before it, in "
+                        "fresh processes (--memory-reps, --memory-workers; results/bench/bench_update_memory.*)")
     r = p.add_argument_group("the users' regime (--regime; verified on CPU at tiny dims only, not yet run on a GPU)")
     r.add_argument("--regime", action="store_true",
                    help="a newstest2014-like length mix batched as fairseq-train batches it, fairseq's Trainer, "
@@ -105,7 +110,10 @@ def main(argv=None, command=None):
     given = sys.argv[1:] if argv is None else argv
     args.command = command or " ".join(shlex.quote(a) for a in ["scripts/bench/bench.py", *given])
     args.update_flags = shlex.split(args.train_flags)
-    stem = "bench_update_ops" if args.count_ops and args.regime else "bench_ops" if args.count_ops else \
+    if args.memory and not (args.count_ops and args.regime):
+        raise SystemExit("--memory: only with --count-ops --regime (the fixed-length benchmark measures peak memory "
+                         "unless --no-memory)")
+    stem = "bench_update_memory" if args.memory else "bench_update_ops" if args.count_ops and args.regime else "bench_ops" if args.count_ops else \
         "bench_regime" if args.regime else "bench"
     args.out_json = args.out_json or str(REPO / "results" / "bench" / f"{stem}.json")
     args.out_md = args.out_md or str(REPO / "results" / "bench" / f"{stem}.md")
@@ -157,10 +165,13 @@ def main_regime(p, args):
         args.clock = "cpu" if args.device == "cpu" else "wall"
     check_args(args)
     if args.count_ops:
+        if args.memory_reps < 1 or args.memory_workers < 1:
+            raise SystemExit("--memory-reps and --memory-workers must be >= 1")
         res = relativize(count_update_ops(args))
-        for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, update_ops_markdown(res))):
+        report = update_memory_markdown if args.memory else update_ops_markdown
+        for path, text in ((args.out_json, json.dumps(res, indent=1) + "\n"), (args.out_md, report(res))):
             write_text(Path(path), text)
-        print(update_ops_markdown(res))
+        print(report(res))
         return
 
     def write(res):

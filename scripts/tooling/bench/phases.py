@@ -41,6 +41,7 @@ relative model and FLOATER, and of FLOATER's exact solve of its three flows and 
 their CPU time, one thread), at every length; it writes --out-json/--out-md (default results/bench/bench_ops.*).
 """
 
+import ctypes
 import multiprocessing
 import sys
 import time
@@ -76,12 +77,7 @@ def memory_probe(job):
     dictionary = synthetic_dictionary(job["vocab"])
     sample = random_batch(dictionary, job["bsz"], job["length"], device, seed=job["seed"])
     gc.collect()
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
-        base = _status_kb("VmRSS") * 1024
+    base = peak_reset(device)
     try:
         bundle = Bundle.build(job["arch"], job["flags"], dictionary, device, job["seed"])
         for _ in range(2):
@@ -90,17 +86,38 @@ def memory_probe(job):
     except Exception as e:  # noqa: BLE001  its first line, as text: compiler errors hold what a pool cannot pickle
         lines = str(e).strip().splitlines()  # (torch's compiler errors end with advice on logging, not the cause)
         return f"{type(e).__name__}: {lines[0] if lines else ''}"[:500]
+    return peak_mib(device, base)
+
+
+def peak_reset(device, trim=False):
+    """Starts this process's peak-memory count: on CUDA the allocator's peak, on CPU the peak resident set (VmHWM,
+    reset through /proc/self/clear_refs to the current resident set). Returns what the peak is measured from
+    (bytes): the memory allocated, or resident, now. trim (CPU): first hand glibc's free heap pages back to the
+    system (malloc_trim), so that the base is the memory in use, not what earlier work freed and the heap kept, which
+    a later allocation would reuse unseen."""
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    if trim:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
+    return _status_kb("VmRSS") * 1024
+
+
+def peak_mib(device, base):
+    """The peak since peak_reset (which returned `base`), in MiB above `base`."""
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else _status_kb("VmHWM") * 1024
     return (peak - base) / 2**20
 
 
-def measure_memory(jobs, workers):
+def measure_memory(jobs, workers, probe=memory_probe):
     """Each job in its own process, forked from a server that has imported the libraries and computed nothing;
-    `workers` of them at a time (they measure memory, not time). Yields (job, MiB) in order."""
+    `workers` of them at a time (they measure memory, not time). Yields (job, probe(job)) in order; `probe` a
+    module-level function (the server imports it by name)."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     with ctx.Pool(workers, maxtasksperchild=1) as pool:
-        yield from zip(jobs, pool.imap(memory_probe, jobs))
+        yield from zip(jobs, pool.imap(probe, jobs))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -239,7 +239,7 @@ def count_update(trainer, batches):
 def count_update_ops(args):
     """Every (dims, precision, model) of --count-ops --regime: one counted update each (see the docstring)."""
     from tooling.bench import length_mix
-    from tooling.bench.models import BASELINE, model_specs, synthetic_dictionary
+    from tooling.bench.models import BASELINE, FUSED_UPDATE, model_specs, synthetic_dictionary
     from tooling.bench.regime import build_trainer, regime_archs
     from tooling.bench.timing import machine, source_state
 
@@ -249,30 +249,48 @@ def count_update_ops(args):
     dictionary = synthetic_dictionary(args.vocab)
     pairs = length_mix.load_pairs()
     rows = []
+    # --memory: both updates, each row's flags --train-flags' (+ FUSED_UPDATE); else --train-flags' alone
+    updates = [("default", list(args.update_flags)), ("fused", list(args.update_flags) + list(FUSED_UPDATE))] \
+        if args.memory else [(None, list(args.update_flags))]
     for dims in args.dims.split(","):
         specs = model_specs(dims, args.floater_every, archs=regime_archs(dims))
         names = [n for n in specs if n == BASELINE or n in args.models.split(",")]
         for max_tokens in (int(x) for x in str(args.max_tokens).split(",")):
-            drawn, _, _ = length_mix.corpus(pairs, dictionary, max_tokens, 8, args.seed + max_tokens)
-            # the fullest batches (a corpus's last batch may hold a sentence or two): two to warm up, one counted
-            fullest = sorted(drawn, key=lambda b: -b["nsentences"])
-            batches = fullest[1:WARM_UPDATES + 1] + fullest[:1]
+            batches = update_batches(pairs, dictionary, max_tokens, args.seed)
             for precision in args.precision.split(","):
                 for name in names:
                     arch, flags, kind = specs[name]
-                    trainer = build_trainer(arch, flags + list(args.update_flags), precision, dictionary,
-                                            args.device, args.seed, kind=kind)
-                    row = {"dims": dims, "precision": precision, "max_tokens": max_tokens, "model": name,
-                           "arch": arch, "sentences": batches[WARM_UPDATES]["nsentences"],
-                           **count_update(trainer, batches)}
-                    rows.append(row)
-                    log(f"update ops {dims} {precision} {max_tokens} {name}: {row['ops']} operators, "
-                        f"{row['syncs']} syncs")
-    return {"kind": "update_ops", "command": args.command,
-            "settings": {"dims": args.dims, "precision": args.precision, "max_tokens": args.max_tokens,
-                         "models": args.models, "update_flags": list(args.update_flags), "device": args.device,
-                         "threads": torch.get_num_threads()},
-            "machine": machine(args.device), "source": source_state(), "rows": rows}
+                    for update, extra in updates:
+                        trainer = build_trainer(arch, flags + extra, precision, dictionary, args.device,
+                                                args.seed, kind=kind)
+                        row = {"dims": dims, "precision": precision, "max_tokens": max_tokens, "model": name,
+                               "arch": arch, "sentences": batches[WARM_UPDATES]["nsentences"],
+                               "parameters": sum(p.numel() for p in trainer.model.parameters()),
+                               **({"update": update} if update else {}), **count_update(trainer, batches)}
+                        rows.append(row)
+                        log(f"update ops {dims} {precision} {max_tokens} {name} {update or ''}: {row['ops']} "
+                            f"operators, {row['syncs']} syncs")
+    res = {"kind": "update_ops", "command": args.command,
+           "settings": {"dims": args.dims, "precision": args.precision, "max_tokens": args.max_tokens,
+                        "models": args.models, "update_flags": list(args.update_flags), "device": args.device,
+                        "threads": torch.get_num_threads()},
+           "machine": machine(args.device), "source": source_state(), "rows": rows}
+    if args.memory:
+        from tooling.bench.update_memory import measure_rows
+
+        measure_rows(args, rows, dict(updates), log)
+        res["kind"], res["settings"]["memory_reps"] = "update_memory", args.memory_reps
+    return res
+
+
+def update_batches(pairs, dictionary, max_tokens, seed):
+    """The updates' batches under max_tokens: the fullest of the regime's (a corpus's last batch may hold a
+    sentence or two), WARM_UPDATES to warm up, then the measured one."""
+    from tooling.bench import length_mix
+
+    drawn, _, _ = length_mix.corpus(pairs, dictionary, max_tokens, 8, seed + max_tokens)
+    fullest = sorted(drawn, key=lambda b: -b["nsentences"])
+    return fullest[1:WARM_UPDATES + 1] + fullest[:1]
 
 
 def update_ops_markdown(res):
