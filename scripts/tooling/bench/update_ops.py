@@ -246,12 +246,13 @@ def count_update_ops(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.silent else (lambda *a: None)
+    memory = getattr(args, "memory", False)  # callers other than bench.py's command line (the suite's bounds) omit it
     dictionary = synthetic_dictionary(args.vocab)
     pairs = length_mix.load_pairs()
     rows = []
     # --memory: both updates, each row's flags --train-flags' (+ FUSED_UPDATE); else --train-flags' alone
     updates = [("default", list(args.update_flags)), ("fused", list(args.update_flags) + list(FUSED_UPDATE))] \
-        if args.memory else [(None, list(args.update_flags))]
+        if memory else [(None, list(args.update_flags))]
     for dims in args.dims.split(","):
         specs = model_specs(dims, args.floater_every, archs=regime_archs(dims))
         names = [n for n in specs if n == BASELINE or n in args.models.split(",")]
@@ -275,7 +276,7 @@ def count_update_ops(args):
                         "models": args.models, "update_flags": list(args.update_flags), "device": args.device,
                         "threads": torch.get_num_threads()},
            "machine": machine(args.device), "source": source_state(), "rows": rows}
-    if args.memory:
+    if memory:
         from tooling.bench.update_memory import measure_rows
 
         measure_rows(args, rows, dict(updates), log)
