@@ -119,23 +119,23 @@ def override_refusal(name, overrides, config_dir=CONFIG_DIR):
     """None when `overrides` compose with NAME; else one line, "OVERRIDE: NAME: what Hydra said", naming the first
     override that fails on its own (a mistyped key, a value of the wrong type). scripts/submit_paper.py checks
     every cell so, before it queues anything."""
-    try:
-        compose(name, overrides, config_dir)
+    err = _composition_error(name, overrides, config_dir)
+    if err is None:
         return None
-    except Exception as err:  # Hydra's and OmegaConf's composition errors have no common base
-        culprit = next((o for o in overrides if not _composes(name, [o], config_dir)), " ".join(overrides))
-        detail = str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else type(err).__name__
-        if err.__cause__ is not None and str(err.__cause__).strip():
-            detail += f" ({str(err.__cause__).strip().splitlines()[0]})"
-        return f"{culprit}: {name}: {detail}"
+    culprit = next((o for o in overrides if _composition_error(name, [o], config_dir)), " ".join(overrides))
+    detail = str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else type(err).__name__
+    if err.__cause__ is not None and str(err.__cause__).strip():
+        detail += f" ({str(err.__cause__).strip().splitlines()[0]})"
+    return f"{culprit}: {name}: {detail}"
 
 
-def _composes(name, overrides, config_dir):
+def _composition_error(name, overrides, config_dir):
+    """The exception composing NAME with `overrides` raises, or None."""
     try:
         compose(name, overrides, config_dir)
-        return True
-    except Exception:
-        return False
+    except Exception as err:  # Hydra's and OmegaConf's composition errors have no common base
+        return err
+    return None
 
 
 def select(cfg, key):

@@ -264,10 +264,9 @@ def submit(args, paper_numbers, slurm):
 
 
 def adopt(args, plan, slurm, manifest):
-    """Records the jobs of this submission that are queued or running but not in the manifest (a submission killed
-    after sbatch accepted them); True when any was."""
+    """Records in `manifest` the jobs of this submission that are queued or running but not in it (a submission
+    killed after sbatch accepted them)."""
     found = jobs_in_queue(slurm, plan.job_names(), args.checkpoints)
-    jobs, changed = manifest["cells"], False
 
     def take(name, current):
         ids = found.get(name, [])
@@ -280,23 +279,20 @@ def adopt(args, plan, slurm, manifest):
             "recorded now")
         return ids[-1]
 
+    jobs = manifest["cells"]
     for cell in plan.order:
-        entry = jobs.setdefault(cell, {"train": None, "eval": {}})
-        train = take(f"train-{cell}", entry.get("train"))
-        changed |= train != entry.get("train")
-        entry["train"] = train
+        entry = jobs.get(cell, {})
+        entry["train"] = take(f"train-{cell}", entry.get("train"))
+        evals = entry.setdefault("eval", {})
         for testset in plan.evals.get(cell, []):
-            job = take(f"eval-{cell}-{testset}", entry["eval"].get(testset))
+            job = take(f"eval-{cell}-{testset}", evals.get(testset))
             if job:
-                changed |= job != entry["eval"].get(testset)
-                entry["eval"][testset] = job
-        if not entry["train"] and not entry["eval"]:
-            del jobs[cell]
+                evals[testset] = job
+        if entry["train"] or entry["eval"]:
+            jobs[cell] = entry
     tables = take("tables", manifest.get("tables"))
     if tables:
-        changed |= tables != manifest.get("tables")
         manifest["tables"] = tables
-    return changed
 
 
 def submit_locked(args, plan, slurm, journal):
@@ -305,7 +301,9 @@ def submit_locked(args, plan, slurm, journal):
     manifest["wanted"] = list(dict.fromkeys(manifest.get("wanted", []) + plan.wanted))
     journal.manifest = manifest
     try:
-        if adopt(args, plan, slurm, manifest):
+        before = json.dumps(manifest, sort_keys=True)
+        adopt(args, plan, slurm, manifest)
+        if json.dumps(manifest, sort_keys=True) != before:
             journal.write()
     except Refusal as err:  # a dry run shows the plan without the queue
         if not args.dry_run:
@@ -341,9 +339,8 @@ def comment(args):
 def submit_cells(args, slurm, plan, jobs, train_job, submitted, waiting, journal):
     """Submits each cell's jobs that are neither finished nor queued; records each job in `jobs` (and the journal)
     once sbatch has accepted it."""
-    c = comment(args)
+    c, evals = comment(args), plan.evals
     for cell in plan.order:
-        evals = plan.evals
         todo = [t for t in evals.get(cell, []) if not result_file(args, cell, t).is_file()]
         old = jobs.get(cell, {})
         if cell in evals and not todo:

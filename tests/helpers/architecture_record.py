@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 from fairseq import options
-from fairseq.data import Dictionary
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
 from helpers import tiny_models  # noqa: F401  (registers the plugins)
 from tooling import atomic
+from tooling.bench.models import synthetic_dictionary
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "data" / "golden_architectures.json"
@@ -37,10 +37,7 @@ class Task:
     """What build_model reads of fairseq's translation task: one dictionary of SYMBOLS, shared."""
 
     def __init__(self):
-        d = Dictionary()
-        for i in range(SYMBOLS - len(d)):
-            d.add_symbol(f"w{i}")
-        self.source_dictionary = self.target_dictionary = d
+        self.source_dictionary = self.target_dictionary = synthetic_dictionary(SYMBOLS)
 
 
 def plugin_architectures():

@@ -29,8 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-_COUNTERS: "weakref.WeakSet[UpdateCounter]" = weakref.WeakSet()  # the live counters the step hook tells
-_WATCHES: "weakref.WeakSet[StepWatch]" = weakref.WeakSet()  # the pending shared solves' watches
+_WATCHES: "weakref.WeakSet[StepWatch]" = weakref.WeakSet()  # the live watches the step hook tells
 _HOOK = []  # the global hook's handle, once registered
 
 
@@ -39,8 +38,6 @@ class UncountedUpdateError(RuntimeError):
 
 
 def _on_optimizer_step(optimizer, args, kwargs):
-    for counter in list(_COUNTERS):
-        counter.optimizer_stepped(optimizer)
     for watch in list(_WATCHES):
         watch.optimizer_stepped(optimizer)
 
@@ -51,8 +48,9 @@ def _hook():
 
 
 class StepWatch:
-    """Whether a ``torch.optim`` optimizer holding one of ``params`` stepped since the watch began (the shared
-    solve's: an update that ended without the model's ``all_reduce_grads()``)."""
+    """Whether a ``torch.optim`` optimizer holding one of ``params`` stepped since the watch began or was last
+    taken (the update counter's, between two training forwards; the shared solve's: an update that ended without
+    the model's ``all_reduce_grads()``)."""
 
     def __init__(self, params):
         self.ids, self.stepped = frozenset(id(p) for p in params), False
@@ -62,6 +60,11 @@ class StepWatch:
     def optimizer_stepped(self, optimizer):
         if not self.stepped:
             self.stepped = any(id(p) in self.ids for group in optimizer.param_groups for p in group["params"])
+
+    def take(self) -> bool:
+        """Whether a step came since the last take, and watch afresh."""
+        stepped, self.stepped = self.stepped, False
+        return stepped
 
 
 class UpdateCounter:
@@ -73,21 +76,19 @@ class UpdateCounter:
         self._reset()
         self._sets = 0  # the flows' set_num_updates calls seen
         self._seen_step = False  # a step has been seen: the refusal's value check is off
-        _hook()
 
     def _reset(self):
         self._epochs: Optional[tuple] = None  # the flows' _epoch counters when _params was collected
         self._params: List[nn.Parameter] = []
-        self._ids: frozenset = frozenset()
+        self._watch = StepWatch(())  # an optimizer over _params stepped since the last training forward
         self._base: Optional[Tuple[tuple, int]] = None  # (data_ptrs, sum of _version) at the last training forward
-        self._stepped = False  # an optimizer over _params stepped since the last training forward
         self._own = False  # the last training forward's number was counted here, not set by a caller
         self._probe: Optional[Tuple[nn.Parameter, Tensor]] = None  # a parameter and its values then
 
     def __getstate__(self):
         # a copy (deepcopy, pickle) collects its own parameters: ids and data_ptrs are the original's
         state = dict(self.__dict__)
-        for name in ("_epochs", "_params", "_ids", "_base", "_stepped", "_own", "_probe"):
+        for name in ("_epochs", "_params", "_watch", "_base", "_own", "_probe"):
             del state[name]
         return state
 
@@ -104,23 +105,18 @@ class UpdateCounter:
     def _before_state_dict(self, module, prefix, keep_vars):
         self.settle()
 
-    def optimizer_stepped(self, optimizer):
-        if not self._stepped and self._ids:
-            self._stepped = any(id(p) in self._ids for group in optimizer.param_groups for p in group["params"])
-
     def observe(self):
         """At a training forward (once per forward): advance every flow's counter if an update happened since the
         previous one, unless set_num_updates was called in between."""
-        _COUNTERS.add(self)  # here, not only in __init__: a deepcopied model's counter registers too
         flows = self.positions.flows
         epochs = tuple(flow._epoch for flow in flows)
         if epochs != self._epochs:  # built, loaded, invalidated: the parameters afresh, nothing counted
             self._reset()
             self._epochs, self._params = epochs, self._collect()
-            self._ids = frozenset(id(p) for p in self._params)
+            self._watch = StepWatch(self._params)  # a copy's counter gets its own watch here (see __getstate__)
         sets = sum(flow._sets for flow in flows)
         external, self._sets = sets != self._sets, sets
-        stepped, self._stepped = self._stepped, False
+        stepped = self._watch.take()
         base, self._base = self._base, self._state()
         self._own = not external
         if external:  # the caller counts: fairseq's trainer before every forward
@@ -137,7 +133,7 @@ class UpdateCounter:
         flows = self.positions.flows
         if (self._own and self._epochs == tuple(flow._epoch for flow in flows)
                 and self._sets == sum(flow._sets for flow in flows)):
-            stepped, self._stepped = self._stepped, False
+            stepped = self._watch.take()
             base, self._base = self._base, self._state()
             self._count(base, stepped)
 
