@@ -40,6 +40,14 @@ class Flag:
         if parsed != value or isinstance(parsed, bool) != isinstance(value, bool):  # "0.1" for 0.1, 1 for True
             raise FlagError(f"{self.flag} must be a {type(parsed).__name__}, got {value!r}")
 
+    def parses(self, value) -> bool:
+        """Whether the flag's parser takes the value's text."""
+        try:
+            self.parse(str(value))
+        except ValueError:
+            return False
+        return True
+
     def add_to(self, parser, listed: bool = True):
         """``listed``: shown by --help (a flag of another scheme than the architecture's is accepted, unlisted)."""
         show = (lambda text: text) if listed else (lambda text: argparse.SUPPRESS)
@@ -54,6 +62,19 @@ class Flag:
         else:
             parser.add_argument(self.flag, action=OneLineFlag, parse=self.parse, metavar=self.metavar,
                                 help=show(self.help))
+
+
+def add_flags(parser, flags, listed: bool = True):
+    """A scheme's flags on the parser (``listed``: shown by --help)."""
+    for flag in flags:
+        flag.add_to(parser, listed)
+
+
+def check_flags(args, flags):
+    """Each flag's value that the parser could not see (``--model-overrides`` sets them on a checkpoint's
+    arguments unparsed), checked by its flag's own parser (``Flag.check``)."""
+    for flag in flags:
+        flag.check(getattr(args, flag.dest, None))
 
 
 class OneLineFlag(argparse.Action):

@@ -35,7 +35,7 @@ What is drawn (positions are fairseq's: position i is the (i+1)-th token of a se
   ``rotary`` (``LABEL_<scheme>.png``: t5, alibi, kerple, fire, rope, and any row added since): the term each adds
   to the logit of query i and key j, by distance j − i, one line per head, one panel per stack (the decoder's: the
   past only), from the module's own ``score_bias``, titled with its class's ``title`` and ``equation`` (T5's
-  β_h[bucket(j − i)], ALiBi's −m_h·|j − i|, ...; a scheme with ``absolute_positions``, FIRE's, depends on the
+  β_h[bucket(j − i)], ALiBi's −m_h·|j − i|, ...; a scheme with ``per_sentence`` positions, FIRE's, depends on the
   query's position too, drawn at i = --positions − 1);
   for RoPE, which adds no term but rotates q and k, the first layer's logit between a word's query and the same
   word's key at distance j − i, averaged over the vocabulary (its input is the word's scaled embedding alone),

@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from tooling.atomic import save_torch
 
 utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "fairseq_plugins")))
+from fairseq_plugins.flags import add_flags  # noqa: E402
 from fairseq_plugins.models.position_transformer import PositionTransformerModel  # noqa: E402
 from fairseq_plugins.modules.floater import Floater, FloaterFlow  # noqa: E402
 from fairseq_plugins.schemes import SCHEMES, SIZES  # noqa: E402
@@ -169,8 +170,8 @@ def main(argv=None):
     parser.add_argument("output", metavar="OUT.pt", help="where to write the floater_transformer checkpoint")
     parser.add_argument("--arch", help="floater architecture of OUT (default: floater_<IN's arch> when it exists, "
                                        "else floater_transformer); must have IN's dimensions")
-    Floater.add_args(parser.add_argument_group("FLOATER options (default: the arch's)",
-                                               argument_default=argparse.SUPPRESS))
+    add_flags(parser.add_argument_group("FLOATER options (default: the arch's)", argument_default=argparse.SUPPRESS),
+              Floater.flags)
     args = parser.parse_args(argv)
     options = argparse.Namespace(**{k: v for k, v in vars(args).items() if k.startswith("floater_")})
     try:

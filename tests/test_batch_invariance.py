@@ -40,7 +40,7 @@ def test_in_half_precision_within_the_bound_of_rounding(row, dtype):
 def test_the_check_sees_a_bias_that_reads_padded_indices(monkeypatch):
     """The check fails where a scheme's bias reads a token's index in the padded batch instead of its position in
     its sentence (FIRE before this was fixed): its normaliser then sees ~1,000 for a 3-token sentence."""
-    monkeypatch.setattr(FIRE, "absolute_positions", False)
+    monkeypatch.setattr(FIRE, "per_sentence", False)
     errors = batch_invariance.errors(batch_invariance.row_model(SCHEMES["fire"]))
     assert min(errors.values()) > 10 * BOUND[torch.float32], errors
 

@@ -14,7 +14,7 @@ from fairseq.modules import SinusoidalPositionalEmbedding
 from conftest import REPO, env
 from helpers.floater_helpers import randomize_flows
 from helpers.tiny_models import PAD, build_with_args, one_thread  # noqa: F401  (one_thread: autouse fixture)
-from fairseq_plugins.modules.position_scheme import PositionScheme
+from fairseq_plugins.modules.position_scheme import ScoreBias
 
 import plot_positions as pp
 from tooling import position_arrays as pa, position_figures as pf
@@ -468,7 +468,7 @@ def test_kerple_and_fire_curves_are_their_equations_at_the_named_query(checkpoin
     assert figures[0]._suptitle.get_text().endswith(f"query i = {N - 1}")
 
 
-class _ThrowawayBias(PositionScheme):
+class _ThrowawayBias(ScoreBias):
     """A score bias no figure code knows of: −w_h·(j − i)² (one weight per head)."""
     title, equation = "Throwaway (Nobody et al.)", "−w_h·(j − i)²"
 

@@ -43,7 +43,8 @@ from fairseq_plugins.modules.alibi import ALiBi, alibi_slopes
 from fairseq_plugins.modules.cape import CapePositionalEmbedding
 from fairseq_plugins.flags import FlagError
 from fairseq_plugins.models.position_transformer import PositionTransformerModel, add_position_args
-from fairseq_plugins.modules.position_scheme import PositionScheme
+from fairseq_plugins.flags import add_flags
+from fairseq_plugins.modules.position_scheme import PositionScheme, ProjectionBiases, ScoreBias
 from fairseq_plugins.schemes import FAMILY_SCHEMES, KINDS, NEW_SCHEMES, POSITION_TRANSFORMER, SCHEMES, Scheme, \
     architectures, by_model
 from fairseq_plugins.modules.positional_attention import PositionalSelfAttention
@@ -136,7 +137,10 @@ def test_attention_equals_the_papers_equation(name, causal):
     stack, tokens = argparse.Namespace(padding_idx=PAD), torch.where(padding, PAD, EOS + 3)  # what prepare reads
 
     def forward(need_weights):
-        with scheme.batch(T), scheme.prepare(stack, tokens):
+        with contextlib.ExitStack() as around:
+            if isinstance(scheme, ProjectionBiases):  # FLOATER: its model's and its stack's work (floater/model.py)
+                around.enter_context(scheme.batch(T))
+                around.enter_context(scheme.prepare(stack, tokens))
             return attn(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=need_weights)
 
     out, _ = forward(need_weights=False)
@@ -330,8 +334,6 @@ SCORE_BIAS_ARCHS = [s.arch("tiny") for s in SCHEMES.values() if s.selectable and
 def test_each_stack_computes_its_bias_once_per_forward(arch, monkeypatch):
     """A stack's self-attentions share one bias per forward (the first layer's), teacher-forced and at each step of
     incremental decoding; outputs equal, bit for bit, and gradients to rounding, each layer computing its own."""
-    from fairseq_plugins.models import position_transformer
-
     model = build(arch).double().train()
     src, lengths, prev = fixed_batch()
     calls = []
@@ -358,7 +360,7 @@ def test_each_stack_computes_its_bias_once_per_forward(arch, monkeypatch):
             model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)
     assert calls == [False] + [True] * 3
     model.train()
-    monkeypatch.setattr(position_transformer, "one_bias_per_forward", lambda scheme: contextlib.nullcontext())
+    monkeypatch.setattr(ScoreBias, "one_forward", lambda scheme: contextlib.nullcontext())
     calls.clear()
     each, each_grads = forward_backward()
     assert len(calls) == 4
@@ -839,7 +841,7 @@ def test_each_scheme_owns_exactly_the_flags_it_validates():
     add_position_args(family)
     for row in CLASS_ROWS:
         parser = argparse.ArgumentParser(add_help=False)
-        row.cls.add_args(parser)
+        add_flags(parser, row.cls.flags)
         own = {f.flag for f in row.cls.flags} | {f.off for f in row.cls.flags if f.off}
         assert {o for a in parser._actions for o in a.option_strings} == own, row.name
         assert all(a.help for a in parser._actions), row.name

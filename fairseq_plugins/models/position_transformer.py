@@ -28,7 +28,7 @@ through the flags on ``position_transformer``.
 """
 
 import logging
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import MODEL_REGISTRY, register_model, register_model_architecture
@@ -49,8 +49,11 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from .. import fairseq_check
 from ._base import RECORD, PluginTransformerModel, encode_record
 from ._config import as_namespace
-from ..flags import FlagError, OneLineFlag, one_of
-from ..modules.positional_attention import PositionalCrossAttention, PositionalSelfAttention, one_bias_per_forward
+from ..flags import FlagError, OneLineFlag, add_flags, check_flags, one_of
+from ..modules.floater import Floater
+from ..modules.floater.model import FloaterDecoderSteps, FloaterModel, FloaterStack
+from ..modules.position_scheme import CrossBias, ProjectionBiases, ScoreBias, slot_of
+from ..modules.positional_attention import PositionalCrossAttention, PositionalSelfAttention, set_references
 from ..schemes import FAMILY_SCHEMES, POSITION_TRANSFORMER, SCHEMES, SIZES
 
 logger = logging.getLogger(__name__)
@@ -79,7 +82,7 @@ def add_position_args(parser, listed=None):
                         metavar="PRIOR", help=f"a position prior in the decoder's cross-attention, with any stack "
                                               f"scheme: {NO_PRIOR} (default) or {', '.join(CROSS_PRIORS)}")
     for cls in SCHEME_CLASSES:
-        cls.add_args(parser, listed=listed is None or cls in listed)
+        add_flags(parser, cls.flags, listed=listed is None or cls in listed)
 
 
 def check_flags_act(args, encoder, decoder):
@@ -130,20 +133,12 @@ def cross_prior(args):
     return CROSS_PRIORS.get(name)
 
 
-def _references(module, **values):
-    """Set attributes of an nn.Module as plain references: fairseq's __init__ calls the build_* hooks that read them
-    before nn.Module.__init__ has run (it refuses a submodule then), and a layer keeps its stack's modules as
-    references, not submodules of every layer (the stack owns them)."""
-    for name, value in values.items():
-        object.__setattr__(module, name, value)
-
-
 class _PositionalLayer:
     """A fairseq layer whose self-attention follows its stack's scheme module (``position_scheme``, handed over by
     the stack; None: fairseq's attention). First base of a fairseq layer class."""
 
     def __init__(self, cfg, *args, position_scheme=None, **kwargs):
-        _references(self, position_scheme=position_scheme)  # read by build_self_attention in fairseq's __init__
+        set_references(self, position_scheme=position_scheme)  # read by build_self_attention in fairseq's __init__
         super().__init__(cfg, *args, **kwargs)
         # fairseq 0.12.2 without this project's patch: after a checkpoint load its encoder sends an eval batch
         # through torch's BetterTransformer kernel, which never calls self.self_attn (the scheme's attention);
@@ -167,12 +162,12 @@ class PositionalEncoderLayer(_PositionalLayer, TransformerEncoderLayerBase):
 
 class PositionalDecoderLayer(_PositionalLayer, TransformerDecoderLayerBase):
     def __init__(self, cfg, *args, cross_prior=None, **kwargs):
-        _references(self, cross_prior=cross_prior)  # the decoder's, as position_scheme is the stack's
+        set_references(self, cross_prior=cross_prior)  # the decoder's, as position_scheme is the stack's
         super().__init__(cfg, *args, **kwargs)
 
     def build_encoder_attention(self, embed_dim, cfg):
         prior, scheme = self.cross_prior, self.position_scheme
-        if prior is None and not (scheme is not None and scheme.projects):  # nothing positional (FLOATER: q, k, v)
+        if prior is None and not isinstance(scheme, ProjectionBiases):  # nothing positional (FLOATER: q, k, v)
             return super().build_encoder_attention(embed_dim, cfg)
         # fairseq's constructor arguments (xformers' aside: the prior needs the one SDPA path)
         return PositionalCrossAttention(embed_dim, cfg.decoder.attention_heads, prior, kdim=cfg.encoder.embed_dim,
@@ -236,11 +231,6 @@ def source_lengths(embed_positions, encoder_out):
         embed_positions.source_lengths = None
 
 
-def _prepared(module, stack, *args):
-    """The stack's scheme module's context for one forward of the stack (``prepare``); nothing without one."""
-    return module.prepare(stack, *args) if module is not None else nullcontext()
-
-
 def _check_table(embed_positions, tokens, padding_idx, side, flag):
     """A learned table has no row for positions past its length: say so instead of indexing out of range."""
     if not isinstance(embed_positions, LearnedPositionalEmbedding):
@@ -253,41 +243,72 @@ def _check_table(embed_positions, tokens, padding_idx, side, flag):
                              f"({flag} {rows}); use sinusoidal positions or train with a larger {flag}")
 
 
-class PositionEncoder(TransformerEncoderBase):
-    def __init__(self, cfg, dictionary, embed_tokens, scheme, return_fc=False):
-        embed_dim, heads = cfg.encoder.embed_dim, cfg.encoder.attention_heads
-        module = scheme.cls.build(cfg, heads, embed_dim // heads, causal=False)  # before fairseq's: the RNG's order
-        _references(self, position_scheme=module)  # for build_encoder_layer, in fairseq's __init__
+class _PositionStack:
+    """What the encoder and the decoder share: their slot's module (``position_scheme``, built before fairseq's
+    own parts: the RNG's order), their input embedding, and one context around each forward (``positions``)."""
+
+    def _build(self, cfg, scheme, side, causal):
+        """Before fairseq's __init__: the slot's module (one per stack, shared by its layers), read by the layers'
+        build hooks, and the stack's learned_pos as the scheme has it."""
+        config = getattr(cfg, side)
+        module = scheme.cls.build(cfg, config.attention_heads, config.embed_dim // config.attention_heads,
+                                  causal=causal)
+        set_references(self, position_scheme=module)  # for build_*_layer, in fairseq's __init__
         self.every_block = scheme.cls.every_block
-        cfg.encoder.learned_pos = scheme.cls.learned_table(cfg.encoder.learned_pos)
+        config.learned_pos = scheme.cls.learned_table(config.learned_pos)
+        return module
+
+    def _own(self, cfg, scheme, module, side, max_positions):
+        """After fairseq's __init__: the module registered (the stack owns it) and the input embedding."""
+        self.position_scheme = module
+        self.embed_positions = scheme.cls.embed(cfg, self, getattr(cfg, side).embed_dim, max_positions)
+
+    def _signal(self, tokens, incremental_state):
+        """(T, B, C): what the embedding added; this step's position only when decoding step by step."""
+        if incremental_state is None:
+            return self.embed_positions(tokens).transpose(0, 1)
+        return self.embed_positions(tokens, incremental_state=incremental_state)[:, -1:].transpose(0, 1)
+
+    @contextmanager
+    def positions(self, tokens, encoder_out=None, incremental_state=None):
+        """One forward of the stack: the input embedding's length checked, its source lengths (randomized
+        positions' estimate) and every block's signal (every-layer) bound, a score bias shared by the layers."""
+        _check_table(self.embed_positions, tokens, self.padding_idx, *self.TABLE)
+        module = self.position_scheme
+        with source_lengths(self.embed_positions, encoder_out), \
+                _bind(self, lambda: self._signal(tokens, incremental_state)), \
+                (module.one_forward() if isinstance(module, ScoreBias) else nullcontext()):
+            yield
+
+
+class PositionEncoder(_PositionStack, TransformerEncoderBase):
+    TABLE = ("source", "--max-source-positions")
+
+    def __init__(self, cfg, dictionary, embed_tokens, scheme, return_fc=False):
+        module = self._build(cfg, scheme, "encoder", causal=False)
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        self.position_scheme = module  # registered now: one table per stack, shared by its layers
-        self.embed_positions = scheme.cls.embed(cfg, self, embed_dim, cfg.max_source_positions)
+        self._own(cfg, scheme, module, "encoder", cfg.max_source_positions)
 
     def build_encoder_layer(self, cfg):
         layer = PositionalEncoderLayer(cfg, return_fc=self.return_fc, position_scheme=self.position_scheme)
         return _block_input(_wrap_layer(layer, cfg), self.every_block)
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
-        _check_table(self.embed_positions, src_tokens, self.padding_idx, "source", "--max-source-positions")
-        with _bind(self, lambda: self.embed_positions(src_tokens).transpose(0, 1)), \
-                _prepared(self.position_scheme, self, src_tokens), \
-                one_bias_per_forward(self.position_scheme):  # (T, B, C): the embedding's
+        with self.positions(src_tokens):
             return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
 
 
-class PositionDecoder(TransformerDecoderBase):
+class PositionDecoder(_PositionStack, TransformerDecoderBase):
+    TABLE = ("target", "--max-target-positions")
+
     def __init__(self, cfg, dictionary, embed_tokens, scheme, prior=None, no_encoder_attn=False):
-        embed_dim, heads = cfg.decoder.embed_dim, cfg.decoder.attention_heads
-        module = scheme.cls.build(cfg, heads, embed_dim // heads, causal=True)
-        cross = prior.cls.build_cross(cfg, heads) if prior is not None else None
-        _references(self, position_scheme=module, cross_position_prior=cross)  # for build_decoder_layer, as above
-        self.every_block = scheme.cls.every_block
-        cfg.decoder.learned_pos = scheme.cls.learned_table(cfg.decoder.learned_pos)
+        module = self._build(cfg, scheme, "decoder", causal=True)
+        heads = cfg.decoder.attention_heads
+        cross = prior.cls.build(cfg, heads, cfg.decoder.embed_dim // heads, causal=True) if prior else None
+        set_references(self, cross_position_prior=cross)  # for build_decoder_layer, as the stack's module
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        self.position_scheme = module
         self.cross_position_prior = cross  # owned here, shared by the layers' cross-attention
-        self.embed_positions = scheme.cls.embed(cfg, self, embed_dim, cfg.max_target_positions)
+        self._own(cfg, scheme, module, "decoder", cfg.max_target_positions)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = PositionalDecoderLayer(cfg, no_encoder_attn, position_scheme=self.position_scheme,
@@ -296,20 +317,17 @@ class PositionDecoder(TransformerDecoderBase):
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                          full_context_alignment=False, alignment_layer=None, alignment_heads=None):
-        _check_table(self.embed_positions, prev_output_tokens, self.padding_idx, "target", "--max-target-positions")
+        with self.positions(prev_output_tokens, encoder_out, incremental_state):
+            return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                            full_context_alignment, alignment_layer, alignment_heads)
 
-        def signal():  # (T, B, C): what the embedding added; this step's position only when decoding step by step
-            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
-            return (positions[:, -1:] if incremental_state is not None else positions).transpose(0, 1)
 
-        with source_lengths(self.embed_positions, encoder_out), _bind(self, signal), \
-                _prepared(self.position_scheme, self, prev_output_tokens, encoder_out, incremental_state), \
-                one_bias_per_forward(self.position_scheme):
-            x, extra = super().extract_features(prev_output_tokens, encoder_out, incremental_state,
-                                                full_context_alignment, alignment_layer, alignment_heads)
-        if incremental_state is not None and self.position_scheme is not None:
-            self.position_scheme.check_decoding_step(self, x, prev_output_tokens, encoder_out)
-        return x, extra
+class FloaterEncoder(FloaterStack, PositionEncoder):
+    """An encoder whose scheme is FLOATER (``modules/floater/model.py``)."""
+
+
+class FloaterDecoder(FloaterDecoderSteps, FloaterStack, PositionDecoder):
+    """A decoder whose scheme is FLOATER (``modules/floater/model.py``)."""
 
 
 @register_model("position_transformer")
@@ -320,14 +338,6 @@ class PositionTransformerModel(PluginTransformerModel):
         super().__init__(args, encoder, decoder)
         arch = getattr(self.args, "arch", None) or self.family_name()
         self.register_buffer(RECORD, encode_record(" ".join((arch, *self.position_schemes()))))
-        modules = self._scheme_modules()
-        if len(modules) == 2 and type(modules[0]) is type(modules[1]):
-            modules[0].join(modules[1])  # FLOATER: the stacks' flows solved together
-        for module in modules:
-            module.bind_model(self)  # FLOATER: counts the optimizer steps on the model's parameters
-
-    def _scheme_modules(self):
-        return [m for m in (self.encoder.position_scheme, self.decoder.position_scheme) if m is not None]
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
         if self.training and not getattr(self, "fairseq_checked", True):
@@ -335,19 +345,7 @@ class PositionTransformerModel(PluginTransformerModel):
             if refusal:
                 raise fairseq_check.UnpatchedFairseq(refusal)
             self.fairseq_checked = True
-        longest = max(src_tokens.size(1), prev_output_tokens.size(1))
-        with ExitStack() as batch:  # one model forward: its longest sequence (FLOATER: one solve, both stacks)
-            for module in self._scheme_modules():
-                batch.enter_context(module.batch(longest))
-            return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
-
-    def all_reduce_grads(self):
-        """fairseq's trainer calls this after the last micro-batch's backward of an update, before it scales and
-        clips the gradients (``FairseqOptimizer.all_reduce_grads``: directly in one process, through
-        ModuleProxyWrapper under pytorch_ddp, after legacy_ddp's own reduction by a patch hunk): a scheme
-        completes the gradients it deferred (FLOATER's shared solve)."""
-        for module in self._scheme_modules():
-            module.complete_gradients()
+        return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
 
     listed = None  # the scheme classes whose flags --help lists (None: every scheme's; a family's model: its own)
 
@@ -374,7 +372,11 @@ class PositionTransformerModel(PluginTransformerModel):
         settings = fairseq_check.settings_reader(args)  # the run's precision and DDP settings, as handed over
         args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
         cls.prepare_args(args)
-        model = super().build_model(args, task)
+        # a FLOATER stack's model is FloaterTransformerModel, whatever the architecture: FLOATER's work around a
+        # forward lives in its own classes (modules/floater/model.py)
+        floater = Floater in (s.cls for s in stack_schemes(args))
+        builder = FloaterTransformerModel if floater and not issubclass(cls, FloaterModel) else cls
+        model = super(PositionTransformerModel, builder).build_model(args, task)
         # judged at the first training forward, not here: decoding builds the model from the training flags, and
         # the trainer has then cast the model and joined the process group (fairseq_check)
         model.run_settings, model.fairseq_checked = settings, False
@@ -388,7 +390,7 @@ class PositionTransformerModel(PluginTransformerModel):
         prior = cross_prior(args)
         check_flags_act(args, encoder, decoder)
         for cls in dict.fromkeys((encoder.cls, decoder.cls, *((prior.cls,) if prior else ()))):
-            cls.check_values(args)
+            check_flags(args, cls.flags)
             cls.validate(args)
         if prior is not None and args.no_cross_attention:
             raise FlagError(f"--cross-position-prior {prior.name} needs cross-attention, and --no-cross-attention "
@@ -408,14 +410,16 @@ class PositionTransformerModel(PluginTransformerModel):
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        return PositionEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens,
-                               scheme=stack_schemes(args)[0])
+        scheme = stack_schemes(args)[0]
+        stack = FloaterEncoder if scheme.cls is Floater else PositionEncoder
+        return stack(TransformerConfig.from_namespace(args), src_dict, embed_tokens, scheme=scheme)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return PositionDecoder(cfg, tgt_dict, embed_tokens, scheme=stack_schemes(args)[1], prior=cross_prior(args),
-                               no_encoder_attn=cfg.no_cross_attention)
+        cfg, scheme = TransformerConfig.from_namespace(args), stack_schemes(args)[1]
+        stack = FloaterDecoder if scheme.cls is Floater else PositionDecoder
+        return stack(cfg, tgt_dict, embed_tokens, scheme=scheme, prior=cross_prior(args),
+                     no_encoder_attn=cfg.no_cross_attention)
 
     def family_name(self):
         """The architectures' prefix of the model's row (a cross-attention prior's, where the model has one)."""
@@ -552,8 +556,24 @@ class RelativeTransformerModel(PositionTransformerModel, family="shaw"):
 
 
 @register_model("floater_transformer")
-class FloaterTransformerModel(PositionTransformerModel, family="floater"):
-    pass
+class FloaterTransformerModel(FloaterModel, PositionTransformerModel, family="floater"):
+    pass  # also the model of any architecture with a FLOATER stack (PositionTransformerModel.build_model)
+
+
+def check_slots(rows=SCHEMES):
+    """ImportError unless each row's class fills at most one slot (``slot_of``), a cross-attention prior's the
+    decoder's cross slot (``CrossBias``) and a stack scheme's any other: a stack holds one module, in one slot."""
+    for row in rows.values():
+        if row.cls is None:
+            continue
+        try:
+            slot = slot_of(row.cls)
+        except TypeError as err:
+            raise ImportError(f"{__name__}: scheme {row.name}: {err}") from None
+        if (slot is CrossBias) != row.cross:
+            where = "the decoder's cross-attention (kind 'cross bias')" if slot is CrossBias else "a stack"
+            raise ImportError(f"{__name__}: scheme {row.name} is of kind {row.kind!r}, and its class "
+                              f"{row.cls.__name__} fills a slot of {where}")
 
 
 def family_class(scheme):
@@ -582,6 +602,7 @@ def check_family_models(names=FAMILY_SCHEMES, models=FAMILY_MODELS):
 
 
 check_family_models()
+check_slots()
 # each row's architectures, its arch prefix with each size's suffix: their names, in
 # tests/data/golden_architectures.json
 for _scheme in FAMILY_SCHEMES:

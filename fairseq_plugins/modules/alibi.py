@@ -20,7 +20,7 @@ from typing import List
 import torch
 from torch import Tensor
 
-from .position_scheme import PositionScheme
+from .position_scheme import ScoreBias
 
 
 def alibi_slopes(num_heads: int) -> List[float]:
@@ -46,7 +46,7 @@ class FixedSlopes:
         return slopes
 
 
-class ALiBi(PositionScheme):
+class ALiBi(ScoreBias):
     title, equation = "ALiBi (Press et al.)", "−m_h·|j − i|"
 
     @classmethod

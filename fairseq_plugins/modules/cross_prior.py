@@ -34,12 +34,12 @@ from torch import Tensor, nn
 
 from ..flags import Flag, one_of, positive
 from .alibi import FixedSlopes, alibi_slopes
-from .position_scheme import PositionScheme
+from .position_scheme import CrossBias
 
 SLOPES = ("fixed", "learned")
 
 
-class AlibiSync(PositionScheme):
+class AlibiSync(CrossBias):
     flags = (
         Flag("--cross-prior-ratio", positive(float), "R",
              "alibi_sync: the expected target/source length ratio ρ; decoder position i is drawn to source "
@@ -49,7 +49,7 @@ class AlibiSync(PositionScheme):
     )
 
     @classmethod
-    def build_cross(cls, cfg, heads):
+    def build(cls, cfg, heads, head_dim, causal):
         return cls(heads, ratio=cfg.cross_prior_ratio, learned=cfg.cross_prior_slopes == "learned")
 
     def __init__(self, num_heads: int, ratio: float = 1.0, learned: bool = False):

@@ -16,7 +16,7 @@ added to the normaliser ψ(max(L, i)); θ: torch's default Linear initialisation
 The paper's model is causal (j ≤ i): the decoder here is the same (future keys masked). The encoder uses the
 symmetric adaptation ψ(|i − j|) / ψ(max(L, max(i, j))): the distance either way, normalised by the farther of the
 two positions. The normaliser reads a position itself, not only i − j, so positions are each sentence's own,
-counted from its first real token (``absolute_positions``): a left-padded source gets the bias it gets alone,
+counted from its first real token (``per_sentence``): a left-padded source gets the bias it gets alone,
 whatever its batch-mates' lengths.
 
 Mapping to code: ``FIRE.mlp`` is f_θ, ``FIRE.c`` is c, ``FIRE.threshold()`` is L; ``score_bias(q_pos, k_pos,
@@ -31,12 +31,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..flags import Flag, positive
-from .position_scheme import PositionScheme
+from .position_scheme import ScoreBias
 
 EPS = 1e-6  # the reference code's, added to the normaliser
 
 
-class FIRE(PositionScheme):
+class FIRE(ScoreBias):
     title, equation = "FIRE (Li et al.)", "f_θ(ψ(|j − i|) / ψ(max(L, i)))"
     flags = (Flag("--fire-threshold", positive(float), "L0", "FIRE: the threshold L's starting value, L = |λ·L0| with "
                   "λ learned from 1 (default 512, the paper's)", 512.0),)
@@ -56,7 +56,7 @@ class FIRE(PositionScheme):
     def threshold(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return (self.threshold_scale.to(dtype) * self.initial_threshold).abs()
 
-    absolute_positions = True  # ψ(max(L, i)): the normaliser reads the query's (the farther key's) position
+    per_sentence = True  # ψ(max(L, i)): the normaliser reads the query's (the farther key's) position
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         if q_pos.dim() == 1:  # one set of positions for the batch: f_θ at every (i, j)

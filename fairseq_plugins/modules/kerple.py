@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .position_scheme import PositionScheme
+from .position_scheme import ScoreBias
 
 FLOOR = 0.01  # the authors' code: both parameters clamped to >= 1e-2
 
@@ -38,7 +38,7 @@ def inverse_softplus(r: Tensor) -> Tensor:
     return r + torch.log(-torch.expm1(-r))
 
 
-class KerpleLog(PositionScheme):
+class KerpleLog(ScoreBias):
     title, equation = "KERPLE log (Chi et al.)", "−r1_h·log(1 + r2_h·|j − i|)"
 
     @classmethod

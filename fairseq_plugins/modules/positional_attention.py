@@ -1,37 +1,34 @@
-"""Attention with a position scheme's hooks (``position_scheme.py``): in self-attention, always in this order,
-position biases of the q/k/v projections (FLOATER), a rotation of q and k (RoPE), then a logit bias (T5, ALiBi,
-KERPLE, FIRE); in the decoder's cross-attention, the decoder's projection biases and a prior's logit bias
-(``cross_prior.py``).
+"""Attention with a stack's position slots (``position_scheme.py``): in self-attention, always in this order,
+projection biases of q/k/v (FLOATER), a rotation of q and k (RoPE, xPos), then a score bias (T5, ALiBi, KERPLE,
+FIRE) or a product of its own (Shaw); in the decoder's cross-attention, the decoder's projection biases and a
+prior's logit bias (``cross_prior.py``).
 
     q_i = W_q x_i + b_q(t_i)  (likewise k_j, v_j),   e_ij = (R_i q_i)·(R_j k_j) / sqrt(d_z) + bias_h(i, j) + mask_ij,
     out_i = Σ_j softmax_j(e_ij) v_j
 
-with b(t) = b(0), R = identity and bias = 0 where the scheme leaves the hook out (each scheme's module gives its maths).
-In self-attention, positions are token indices in the padded sequence (0..T−1; during incremental decoding the
-step's index, from the cached keys' length): where only differences i − j enter, fairseq's left-padded sources give
-each sentence the same logits as alone; a scheme that reads a position itself (``absolute_positions``: FIRE's
-normaliser) gets each sentence's positions counted from its first real token, (B, T) and (B, S), so that a
-sentence's bias never depends on its batch-mates. In cross-attention, i is the decoder position (while decoding
-step by step, a step counter kept in the incremental state) and j each source token's rank among its sentence's real
-tokens, with the sentence's real length S: both count real tokens only, so padding changes nothing.
+with b(t) = b(0), R = identity and bias = 0 where the stack has no such slot. In self-attention, positions are
+token indices in the padded sequence (0..T−1; during incremental decoding the step's index, from the cached keys'
+length): where only differences i − j enter, fairseq's left-padded sources give each sentence the same logits as
+alone; a module that reads a position itself (``per_sentence``: FIRE's normaliser) gets each sentence's positions
+counted from its first real token, (B, T) and (B, S) (``slot_positions``, the one place positions are made), so
+that a sentence's bias never depends on its batch-mates. In cross-attention, i is the decoder position (while
+decoding step by step, a step counter kept in the incremental state) and j each source token's rank among its
+sentence's real tokens, with the sentence's real length S: both count real tokens only.
 
 Mapping to code: ``PositionalAttention`` is fairseq's ``MultiheadAttention`` (same parameters, names and
 incremental-state layout, so fairseq's beam reordering works unchanged) with one forward: it projects q, k, v
-(through the stack scheme's ``project`` where it ``projects``; ``PositionalSelfAttention``: from the query,
-``scheme.rotate(q, k, positions)`` before caching k; ``PositionalCrossAttention``: from the encoder's states,
-cached at the first decoding step), then calls
-torch's fused ``scaled_dot_product_attention`` (``fused_attention.biased_sdpa``) with the bias added to
-fairseq's masks as one float mask ((H, T, S), or (B, H, T, S) with padding or a per-sentence prior); the explicit
-softmax path runs only when the attention weights are asked for. The scheme object is shared by all layers of a
-stack and owned by the stack (a T5 table is one set of parameters per stack; the prior is the decoder's), and so is
-its self-attention bias: computed by the first layer of each forward of the stack and reused by the others
-(``one_bias_per_forward``, which the stacks open); parameters a scheme keeps per layer (``layer_parameters``: Shaw's
-tables) are each self-attention's own. A scheme that owns the product (``owns_product``: Shaw's relative keys and
-values) gets q, k, v after the cache, the masks and the dropout probability from this forward (``attend``) and hands
-back z, which is projected here.
+(through ``ProjectionBiases.project`` where the stack has them; ``PositionalSelfAttention``: from the query,
+``Rotation.rotate`` before caching k; ``PositionalCrossAttention``: from the encoder's states, cached at the first
+decoding step), then calls torch's fused ``scaled_dot_product_attention`` (``fused_attention.biased_sdpa``) with
+the bias added to fairseq's masks as one float mask ((H, T, S), or (B, H, T, S) with padding or per sentence); the
+explicit softmax path runs only when the attention weights are asked for. The slot's module is shared by all
+layers of a stack and owned by the stack (a T5 table is one set of parameters per stack; the prior is the
+decoder's), and so is a score bias: computed by the first layer of each forward of the stack and reused by the
+others (``ScoreBias.one_forward``, which the stack opens). A ``RelativeProduct`` gets q, k, v after the cache, the
+masks and the dropout probability (``attend``) and hands back z, which is projected here; its per-layer tables
+(``layer_parameters``) are each self-attention's own.
 """
 
-from contextlib import contextmanager
 from typing import Optional, Tuple
 
 import torch
@@ -40,24 +37,21 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from .fused_attention import biased_sdpa
-from .position_scheme import PositionScheme
+from .position_scheme import ProjectionBiases, RelativeProduct, Rotation, ScoreBias
 
 STEP = "prior_step"  # the cross-attention's incremental state: the next decoder position, (B,) long
-MEMO = "forward_bias"  # on a stack's scheme during one forward of the stack: {(T, S, dtype): its bias}
 
 
-@contextmanager
-def one_bias_per_forward(scheme):
-    """Around one forward of a stack: its self-attentions compute the scheme's logit bias once and share it
-    (the same tensor, so its gradient reaches the scheme once, summed over the layers)."""
-    if scheme is None:
-        yield
-        return
-    object.__setattr__(scheme, MEMO, {})
-    try:
-        yield
-    finally:
-        object.__setattr__(scheme, MEMO, None)
+def set_references(module, **values):
+    """Attributes of an nn.Module as plain references, not submodules: a layer's attention keeps its stack's
+    scheme module, which the stack owns (one set of parameters per stack), and fairseq's constructors call the
+    build_* hooks that read them before nn.Module.__init__ has run (it refuses a submodule then)."""
+    for name, value in values.items():
+        object.__setattr__(module, name, value)
+
+
+def _slot(module, slot):
+    return module if isinstance(module, slot) else None
 
 
 class PositionalAttention(MultiheadAttention):
@@ -67,12 +61,13 @@ class PositionalAttention(MultiheadAttention):
                  qn_block_size: int = 8, projector=None, **kwargs):
         super().__init__(embed_dim, num_heads, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
                          **kwargs)
-        object.__setattr__(self, "scheme", scheme)  # the stack's: not a submodule of every layer
-        # the stack's scheme where it biases the projections (FLOATER), which it then runs (``_proj``)
-        projector = projector if projector is not None and projector.projects else None
-        object.__setattr__(self, "projector", projector)
-        if projector is not None:
-            projector.attach(self)
+        # the stack's module (each slot's, where it fills that slot), and the stack's projection biases (FLOATER),
+        # which then run the projections (``_proj``), in self- and cross-attention alike
+        set_references(self, scheme=scheme, projector=_slot(projector, ProjectionBiases),
+                       rotation=_slot(scheme, Rotation), score=_slot(scheme, ScoreBias),
+                       product=_slot(scheme, RelativeProduct))
+        if self.projector is not None:
+            self.projector.attach(self)
 
     def _proj(self, name: str, x: Tensor) -> Tensor:  # (T, B, C) → (T, B, C)
         if self.projector is None:
@@ -94,16 +89,16 @@ class PositionalAttention(MultiheadAttention):
         if saved is not None:
             self._set_input_buffer(incremental_state, saved)
         src_len = k.size(2)
-        scheme, weighted = self.scheme, need_weights or need_head_weights
+        product, weighted = self.product, need_weights or need_head_weights
         dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
         mask = additive_mask(attn_mask, key_padding_mask, bsz, self.num_heads, tgt_len, src_len, q.dtype)
         exact = torch.float64 if q.dtype == torch.float64 else torch.float32  # a fixed bias in float32 at least
         weights = None
-        if scheme.owns_product:  # the scheme's own product (Shaw); heads, cache, masks, dropout, projection: here
+        if product is not None:  # the scheme's own product (Shaw); heads, cache, masks, dropout, projection: here
             if before_softmax:
-                logits = scheme.scores(self, q, k)
+                logits = product.scores(self, q, k)
                 return self._before_softmax(logits if mask is None else logits + mask, v)
-            out, weights = scheme.attend(self, q, k, v, mask, dropout_p, weighted)  # weights (B, H, T, S) or None
+            out, weights = product.attend(self, q, k, v, mask, dropout_p, weighted)  # weights (B, H, T, S) or None
         else:
             bias = self._bias(positions, key_padding_mask, src_len, exact)  # (H, T, S) or (B, H, T, S)
             if weighted or before_softmax:
@@ -137,8 +132,9 @@ class PositionalSelfAttention(PositionalAttention):
                  qn_block_size: int = 8):
         super().__init__(embed_dim, num_heads, scheme, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
                          projector=scheme, self_attention=True)
-        for name, parameter in scheme.layer_parameters().items():  # this layer's own (Shaw's tables)
-            self.register_parameter(name, parameter)
+        if self.product is not None:
+            for name, parameter in self.product.layer_parameters().items():  # this layer's own (Shaw's tables)
+                self.register_parameter(name, parameter)
 
     def _project(self, q, query, key, key_padding_mask, saved, static_kv):
         bsz, tgt_len = q.size(0), q.size(2)
@@ -147,10 +143,10 @@ class PositionalSelfAttention(PositionalAttention):
         if saved is not None:  # the padding of every key, cached ones first
             key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
                 key_padding_mask, saved.get("prev_key_padding_mask"), bsz, start + tgt_len, False)
-        positions = torch.arange(start, start + tgt_len, device=query.device)
-        if self.scheme.absolute_positions:
-            positions = from_first_real_token(positions, key_padding_mask)  # (B, T) where there is padding
-        q, k = self.scheme.rotate(q, k, positions)  # (B, H, T, d) each
+        slot = self.rotation if self.rotation is not None else self.score
+        positions = slot_positions(slot, torch.arange(start, start + tgt_len, device=query.device), key_padding_mask)
+        if self.rotation is not None:
+            q, k = self.rotation.rotate(q, k, positions)  # (B, H, T, d) each
         if saved is not None:
             if "prev_key" in saved:
                 k = torch.cat([saved["prev_key"], k], dim=2)
@@ -160,19 +156,10 @@ class PositionalSelfAttention(PositionalAttention):
         return q, k, v, key_padding_mask, positions
 
     def _bias(self, positions, key_padding_mask, src_len, dtype):
-        # within one forward of the stack every self-attention has the same queries, keys and padding: the
-        # first layer's bias serves them all (``one_bias_per_forward``)
-        memo = getattr(self.scheme, MEMO, None)
-        key = (tuple(positions.shape), src_len, dtype)
-        if memo is not None and key in memo:
-            return memo[key]
-        k_pos = torch.arange(src_len, device=positions.device)
-        if self.scheme.absolute_positions:
-            k_pos = from_first_real_token(k_pos, key_padding_mask)
-        bias = self.scheme.score_bias(positions, k_pos, dtype)  # (H, T, S), or (B, H, T, S) per sentence
-        if memo is not None:
-            memo[key] = bias
-        return bias
+        if self.score is None:
+            return None
+        k_pos = slot_positions(self.score, torch.arange(src_len, device=positions.device), key_padding_mask)
+        return self.score.shared_bias(positions, k_pos, dtype)  # (H, T, S), or (B, H, T, S) per sentence
 
 
 class PositionalCrossAttention(PositionalAttention):
@@ -183,7 +170,6 @@ class PositionalCrossAttention(PositionalAttention):
 
     def __init__(self, embed_dim: int, num_heads: int, prior, kdim: int, vdim: int, dropout: float = 0.0,
                  q_noise: float = 0.0, qn_block_size: int = 8, projector=None):
-        prior = prior if prior is not None else PositionScheme()  # no prior: no logit bias (projection biases)
         super().__init__(embed_dim, num_heads, prior, dropout=dropout, q_noise=q_noise, qn_block_size=qn_block_size,
                          projector=projector, kdim=kdim, vdim=vdim, encoder_decoder_attention=True)
 
@@ -211,6 +197,8 @@ class PositionalCrossAttention(PositionalAttention):
         return q, k, v, key_padding_mask, positions
 
     def _bias(self, positions, key_padding_mask, src_len, dtype):
+        if self.scheme is None:  # no prior: the decoder's projection biases alone
+            return None
         if key_padding_mask is None:
             k_pos = torch.arange(src_len, device=positions.device)[None]  # (1, S)
             src_lengths = torch.full((1,), src_len, device=positions.device)
@@ -219,6 +207,12 @@ class PositionalCrossAttention(PositionalAttention):
             k_pos = real.long().cumsum(1) - 1  # each key's rank among its sentence's real tokens (pads: masked)
             src_lengths = real.sum(1)
         return self.scheme.cross_bias(positions, k_pos, src_lengths, dtype)  # (B|1, H, T, S)
+
+
+def slot_positions(module, index: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
+    """The positions a slot's module gets, the one place they are made: indices in the padded sequence (N,), or,
+    for a module that reads positions themselves (``per_sentence``), each sentence's (B, N)."""
+    return from_first_real_token(index, key_padding_mask) if getattr(module, "per_sentence", False) else index
 
 
 def from_first_real_token(index: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ..flags import Flag, boolean
-from .position_scheme import PositionScheme
+from .position_scheme import RelativeProduct
 from .positional_attention import PositionalSelfAttention
 
 
@@ -246,7 +246,7 @@ def _clipping_distance(text):
     return value
 
 
-class ShawRelative(PositionScheme):
+class ShawRelative(RelativeProduct):
     """Shaw et al.'s relative keys and values as a scheme of ``position_transformer`` (the equations above): it
     owns the attention product (``attend``: ``RelativeAttention``), and its tables w^K, w^V are one pair per layer,
     as in the paper (``layer_parameters``: each attention's ``relative_keys`` and ``relative_values``, the
@@ -260,7 +260,6 @@ class ShawRelative(PositionScheme):
     transformer_wmt_en_de has 2048); the big models have k = 8 and tables shared by the heads; tiny has k = 4."""
 
     embedding = "none"
-    owns_product = True
     flags = (
         Flag("--max-relative-positions", _clipping_distance, "K",
              "Shaw's clipping distance k: relative distances beyond ±k share one vector (2k+1 vectors per table); "

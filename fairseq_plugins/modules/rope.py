@@ -20,9 +20,9 @@ keeps the offset property, as the angle stays (a position) × (a θ_i of its own
 Mapping to code: ``RoPE.rotated(x, pos)`` applies R_pos to x (B, H, T, d_z) with the angles computed in float32
 (float64 for float64 x); ``theta`` holds θ_i after ``ntk``/``yarn``, ``rotated`` divides the positions (``linear``)
 and multiplies cos and sin by √(1/t) (``yarn``); ``none`` is the unscaled rotation, operation for operation.
-``rotate(q, k, pos)``, the contract's hook, rotates both: ``PositionalSelfAttention`` calls it before its cache and
-its fused ``scaled_dot_product_attention``. ``validate`` checks the scaling flags (the parser cannot:
-``--model-overrides`` sets them at decode time unparsed).
+The rotation slot's ``rotate(q, k, pos)`` rotates both (``position_scheme.Rotation``): ``PositionalSelfAttention``
+calls it before its cache. The flags' values are checked once, by their parsers, and their combinations by
+``validate`` (before the model is built; the constructor checks only what no flag sets: an even head size).
 """
 
 import math
@@ -31,13 +31,13 @@ import torch
 from torch import Tensor
 
 from ..flags import Flag, FlagError, one_of, positive
-from .position_scheme import PositionScheme
+from .position_scheme import Rotation, rotate_pairs
 
 SCALINGS = ("none", "linear", "ntk", "yarn")
 _LONGER = "RoPE, for decoding longer inputs than training"
 
 
-class RoPE(PositionScheme):
+class RoPE(Rotation):
     title, equation = "RoPE (Su et al.)", "q_i·R_(j−i) k_j"
     flags = (
         Flag("--rope-base", positive(float), "b", "RoPE: θ_i = b^(-2i/d) (default 10000, the paper's)", 10000.0),
@@ -76,12 +76,6 @@ class RoPE(PositionScheme):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions: the head dimension must be even, got {head_dim}")
-        if scaling not in SCALINGS:
-            raise ValueError(f"RoPE scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
-        if not 0 < factor < math.inf:
-            raise ValueError(f"RoPE scaling factor must be a number > 0, got {factor}")
-        if scaling == "yarn" and not (original_length or 0) > 0:
-            raise ValueError(f"YaRN needs the training length (original_length > 0), got {original_length}")
         if scaling == "ntk" and head_dim < 4:  # s^(d/(d−2)) with d = 2 has no value
             raise ValueError(f"NTK-aware scaling needs a head dimension of 4 or more, got {head_dim}")
         self.head_dim, self.base = head_dim, base
@@ -106,19 +100,17 @@ class RoPE(PositionScheme):
             theta = self._theta[device, dtype] = theta.to(device=device, dtype=dtype)
         return theta
 
-    def rotate(self, q: Tensor, k: Tensor, pos: Tensor):
-        return self.rotated(q, pos), self.rotated(k, pos)
-
     def rotated(self, x: Tensor, pos: Tensor) -> Tensor:
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # angles in float32 at least
         pos = pos.to(dtype)
         if self.scaling == "linear":
             pos = pos / self.factor
-        angle = pos[:, None] * self.theta(x.device, dtype)[None, :]  # (T, d/2)
+        angle = pos[..., None] * self.theta(x.device, dtype)  # (T, d/2), or (B, T, d/2) per sentence
         cos, sin = angle.cos(), angle.sin()
         if self.temperature != 1.0:
             cos, sin = cos * self.temperature, sin * self.temperature
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        pairs = x.unflatten(-1, (-1, 2))  # (B, H, T, d/2, 2)
-        even, odd = pairs[..., 0], pairs[..., 1]
-        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+        return rotate_pairs(x, cos.to(x.dtype), sin.to(x.dtype))
+
+    def extra_repr(self):
+        scaled = f", scaling={self.scaling}, factor={self.factor:g}" if self.scaling != "none" else ""
+        return f"head_dim={self.head_dim}, base={self.base:g}{scaled}"

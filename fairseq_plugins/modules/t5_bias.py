@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..flags import Flag, at_least, one_of
-from .position_scheme import PositionScheme
+from .position_scheme import ScoreBias
 
 
 def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
@@ -57,7 +57,7 @@ def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max
 T5_INITS = ("glorot", "normal", "zeros")  # --t5-bias-init: mesh-tensorflow's, HF transformers', none
 
 
-class T5Bias(PositionScheme):
+class T5Bias(ScoreBias):
     """One stack's β (num_buckets, heads): ``score_bias`` gives the (heads, T, S) logit bias."""
     title, equation = "T5 relative bias (Raffel et al.)", "β_h[bucket(j − i)]"
 
@@ -79,7 +79,7 @@ class T5Bias(PositionScheme):
                  init: str = "glorot", d_model: int = None):
         super().__init__()
         exact = num_buckets // (2 if bidirectional else 1) // 2  # distances with a bucket of their own
-        if exact < 1 or max_distance <= exact:
+        if exact < 1 or max_distance <= exact:  # the two flags together, and the stack's direction
             raise ValueError(f"--t5-num-buckets {num_buckets} / --t5-max-distance {max_distance}: need at least 2 "
                              f"buckets per direction and a maximum distance above the {exact} exact ones")
         self.bidirectional, self.num_buckets, self.max_distance = bidirectional, num_buckets, max_distance
@@ -90,10 +90,8 @@ class T5Bias(PositionScheme):
             if d_model is None:
                 raise ValueError("--t5-bias-init normal: N(0, 1/d_model) needs the model dimension")
             nn.init.normal_(self.bias.weight, std=d_model ** -0.5)
-        elif init == "zeros":
+        else:  # zeros (the flag's parser admits only T5_INITS)
             nn.init.zeros_(self.bias.weight)
-        else:
-            raise ValueError(f"--t5-bias-init must be one of {', '.join(T5_INITS)} (got {init!r})")
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         buckets = relative_bucket(k_pos[None, :] - q_pos[:, None], self.bidirectional, self.num_buckets,

@@ -268,7 +268,7 @@ def attention_title(entry, num_positions):
         title += ", first layer's logit for one word at two positions, vocabulary mean"
     else:
         title += f", {row.cls.equation or 'its logit bias'}"
-    return title + f", query i = {num_positions - 1}" if row.cls.absolute_positions else title
+    return title + f", query i = {num_positions - 1}" if getattr(row.cls, "per_sentence", False) else title
 
 
 def _same_y(axes):

@@ -1,4 +1,4 @@
-"""``Floater``: FLOATER as a row of ``position_transformer``, through the contract's projection-bias hooks.
+"""``Floater``: FLOATER as a row of ``position_transformer``, the projection-bias slot's module.
 
     q_i^(n) = W_q^(n) x_i + b_q^(n)(0) + Δb_q^(n)(t_i),   t_i = i·Δ,   Δb from the flows' solve (``flows.py``)
 
@@ -10,39 +10,23 @@ bias parameters of the projections it drives:
 - ``--floater-layers all`` drives every block, ``input`` the first only (FLOATER Table 2's two groups); the others
   keep constant, ordinary biases. The sinusoidal input embedding stays.
 
-Mapping to code (``position_scheme.py``'s hooks, in the order they run):
-- ``attach(attention)``: each attention built with the module hands over its projections (block n's
-  self-attention, then its cross-attention: the order of the flows' states).
-- ``join(other)``: the model's two stacks share one ``FloaterPositions``: the three flows are solved together.
-- ``bind_model(model)``: the model whose optimizer steps the flows count where nobody sets their update number
-  (``update_count.py``).
-- ``batch(n)``: one model forward, n = max(source, target length): one solve for both stacks (or none: caches).
-- ``prepare(stack, tokens, encoder_out, incremental_state)``: one stack forward: Δb for its lengths, bound to its
-  projections at each token's grid row (fairseq's position numbering: left padding does not shift positions);
-  an incremental decoding step binds its row t of the table b(0) + Δb(t) kept in the incremental state.
-- ``project(attention, name, x)``: the q/k/v projection with its binding (``attention.biased_projection``).
-- ``check_decoding_step``: non-finite features while decoding stop with one line (``FloaterSolverError``).
-- ``complete_gradients``: after an update's last backward, θ's and b(0)'s gradient through its shared solve
-  (``--floater-shared-solve``: ``shared_solve.py``).
+Mapping to code: ``Floater`` fills the projection-bias slot (``position_scheme.ProjectionBiases``): ``attach``
+(each attention built with the module hands over its projections: block n's self-attention, then its
+cross-attention, the order of the flows' states) and ``project`` (the q/k/v projection with its binding,
+``attention.biased_projection``). Its other methods are called by FLOATER's own classes (``model.py``) only:
+``join`` (the two stacks share one ``FloaterPositions``), ``bind_model`` (the update count, ``update_count.py``),
+``batch(n)`` (one model forward: one solve at n = max(source, target) or none), ``prepare`` (one stack forward: Δb
+at each token's grid row, fairseq's position numbering; a decoding step: its row of the table b(0) + Δb kept in the
+incremental state), ``check_decoding_step`` (non-finite features: one line, ``FloaterSolverError``) and
+``complete_gradients`` (``--floater-shared-solve``: ``shared_solve.py``).
 
 Refused when the model is built: --checkpoint-activations and --offload-activations (the backward's recomputation
 would run the projections after the binding ended), --quant-noise-pq (it changes the projections). With
 --floater-update-every N > 1 and --ddp-backend pytorch_ddp, pass --find-unused-parameters: the flows take no
 part in the updates that reuse cached biases (legacy_ddp needs nothing).
 
-FLOATER as its authors' code trains it (configs/scheme/floater_all_authors.yaml): ``--floater-dt 0.01
---floater-adjoint --floater-flow-init xavier --floater-cache-whole-bias --floater-update-every N``, N = their 400
-forwards in updates of the recipe's batch. What still differs, one line each (docs/wmt14.md: the table, and why):
-- the re-solve counts optimizer updates, not forward calls: one schedule on any GPU count and --update-freq;
-- so every micro-batch of a re-solving update carries θ's gradient (theirs: the one forward that hits 400);
-- between re-solves θ and b(0) get no gradient (theirs: a zero one, which Adam's momentum still steps);
-- each solve covers the batch's longest sequence (theirs: 255 positions, no longer input): the same values;
-- the Δ/5 steps land on every t_i exactly (theirs: torchdiffeq's step_size grid): rounding only;
-- the solve runs in float32 under --fp16 (theirs: in the model's dtype);
-- rows follow fairseq's position numbering (theirs: the padded index, so left padding shifts a source);
-- b(0) is each projection's own bias, ±1/sqrt(d) (theirs: Xavier-uniform per stack, about 20% smaller);
-- a warm start converts the Transformer with W2 = 0 (``--floater-flow-init`` draws new flows only);
-- validation uses the current parameters' biases (theirs: the training cache between re-solves).
+FLOATER as its authors' code trains it: configs/scheme/floater_all_authors.yaml; what still differs from their
+code, one line each with the reason: docs/wmt14.md.
 """
 
 import functools
@@ -52,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ...flags import Flag, FlagError, boolean, one_of, positive
-from ..position_scheme import PositionScheme
+from ..position_scheme import ProjectionBiases
 from .attention import Bindings, biased_projection, position_bindings, rows_from_padding_mask, step_bindings, token_rows
 from .dynamics import (DEFAULT_SETTINGS, FIXED_GRID_SOLVERS, FLOW_INITS, SOLVER_NAMES, FloaterSettings,
                        FloaterSolverError)
@@ -111,11 +95,10 @@ FLAGS = (  # Floater.flags
 )
 
 
-class Floater(PositionScheme):
+class Floater(ProjectionBiases):
     """FLOATER (Liu et al., ICML 2020): q/k/v biases that follow a learned ODE along positions."""
 
     embedding = "sinusoidal"
-    projects = True
     flags = FLAGS
 
     @classmethod
