@@ -93,3 +93,94 @@ def test_a_row_without_its_model_class_fails_naming_the_class_the_steps_show(mon
     with pytest.raises(ImportError, match=r"scheme rope needs its model class, after the class of fire .*"
                                           r"class RopeTransformerModel\(PositionTransformerModel, family=\"rope\"\)"):
         pt.check_family_models(models=without)
+
+
+# ---- the worked example, followed on a copy of the package ------------------------------------------------------
+
+DECODE_CHECK = """
+import sys, torch
+from fairseq import checkpoint_utils
+import fairseq_plugins
+assert fairseq_plugins.__file__.startswith(sys.argv[2]), fairseq_plugins.__file__  # the copy, not the repo's
+torch.set_num_threads(1)
+models, _, _ = checkpoint_utils.load_model_ensemble_and_task([sys.argv[1]])
+model = models[0].double().eval()
+print(type(model).__name__, type(model.encoder.position_scheme).__name__)
+EOS, PAD = 2, 1
+src = torch.tensor([[4, 5, 6, 7, 8, EOS], [PAD, PAD, 9, 5, 10, EOS]])
+prev = torch.tensor([[EOS, 8, 7, 6, 5, 4], [EOS, 11, 5, 12, PAD, PAD]])
+with torch.no_grad():
+    encoder_out = model.encoder(src, src_lengths=src.ne(PAD).sum(1))
+    full = model.get_normalized_probs(model.decoder(prev, encoder_out=encoder_out), log_probs=True)
+    state = {}
+    for t in range(prev.size(1)):
+        step = model.get_normalized_probs(model.decoder(prev[:, :t + 1], encoder_out=encoder_out,
+                                                        incremental_state=state), log_probs=True)
+        torch.testing.assert_close(step[:, 0], full[:, t], rtol=0, atol=1e-9)
+print("incremental == full")
+"""
+
+
+def worked_example():
+    """The three code blocks of the worked example: the module, the row, the model class."""
+    text = DOC.read_text(encoding="utf-8")
+    start = text.index("**A worked example")
+    section = text[start:text.index("\n## ", start)]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 3, "the worked example is three python blocks: the module, the row, the class"
+    module_file, = re.findall(r"saved as `fairseq_plugins/(modules/\w+\.py)`", section)
+    import_line, = re.findall(r"`(from \.modules\.\w+ import \w+)`", section)
+    return blocks, module_file, import_line
+
+
+@pytest.mark.slow
+def test_the_worked_example_trains_and_decodes(tmp_path, tmp_path_factory):
+    """docs/position_schemes.md's worked example, followed as written on a copy of the package: its module saved
+    where it says, its row last in SCHEMES with the import it names, its model class after the others; then
+    fairseq-train trains the new architecture on the small corpus (the loss falls), fairseq-generate decodes with
+    it, and step-by-step decoding of the checkpoint equals its full forward."""
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import BIN, env
+    from helpers.small_task import ONE_THREAD, small_data, train_cmd
+
+    (module, row, model_class), module_file, import_line = worked_example()
+    package = tmp_path / "fairseq_plugins"
+    shutil.copytree(REPO / "fairseq_plugins", package, ignore=shutil.ignore_patterns("__pycache__"))
+    (package / module_file).write_text(module, encoding="utf-8")
+    schemes = (package / "schemes.py").read_text(encoding="utf-8")
+    last_import = schemes.index("\n", schemes.index("from .modules.t5_bias import T5Bias"))
+    end_of_table = schemes.index("\n)}\n")
+    schemes = (schemes[:last_import] + "\n" + import_line + schemes[last_import:end_of_table] + "\n"
+               + row.rstrip("\n") + schemes[end_of_table:])
+    (package / "schemes.py").write_text(schemes, encoding="utf-8")
+    models = (package / "models" / "position_transformer.py").read_text(encoding="utf-8")
+    after_last_class = models.index("\n\ndef check_slots(")
+    models = models[:after_last_class] + "\n\n\n" + model_class.rstrip("\n") + models[after_last_class:]
+    (package / "models" / "position_transformer.py").write_text(models, encoding="utf-8")
+    name = re.search(r'family="(\w+)"', model_class).group(1)
+    arch = f"{name}_transformer_tiny"
+
+    data = small_data(tmp_path_factory)
+    copy_env = {**env(), **ONE_THREAD, "PYTHONPATH": str(tmp_path)}  # the copy alone: not the repository's
+
+    def run_here(cmd):
+        proc = subprocess.run(cmd, cwd=tmp_path, env=copy_env, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        return proc.stdout
+
+    log = run_here(train_cmd(data, tmp_path / "ckpt", arch, max_update=30))
+    losses = [float(x) for x in re.findall(r"\| train_inner \|.*? loss=([\d.]+)", log)]
+    assert len(losses) == 30 and sum(losses[-5:]) < sum(losses[:5]) - 1.0, losses
+    out = run_here([str(BIN / "fairseq-generate"), str(data / "bin"), "--user-dir", "fairseq_plugins", "--path",
+                    str(tmp_path / "ckpt" / "checkpoint_last.pt"), "--gen-subset", "valid", "--beam", "2",
+                    "--max-tokens", "512", "--cpu", "--num-workers", "0"])
+    hypotheses = re.findall(r"^H-\d+\t", out, flags=re.M)
+    assert len(hypotheses) == 40, out[-2000:]
+    out = run_here([sys.executable, "-c", DECODE_CHECK, str(tmp_path / "ckpt" / "checkpoint_last.pt"),
+                    str(package)])
+    model_name, scheme_name = (re.search(r"class (\w+)", block).group(1) for block in (model_class, module))
+    assert out.splitlines()[-2:] == [f"{model_name} {scheme_name}", "incremental == full"], out

@@ -8,14 +8,11 @@ so that training on short sequences already visits every position a long test se
 ``--randomized-max-position`` is L (default 2048, the paper's; it must be at least the stack's
 --max-source/target-positions, the longest sequence the model can get).
 
-Training: one subset per sequence (the authors' code draws one per batch, whose sequences all have the same
-length; here sequences of a batch differ in length), drawn as the first T of a random permutation of {0..L−1}
-(``torch.rand(B, L).argsort``) then sorted, from torch's generator on the input's device, which fairseq seeds
-per update: a resumed run draws the same.
+Training: one subset per sequence (the authors' code: one per batch of equal lengths), the first T of a random
+permutation of {0..L−1}, sorted, from torch's generator on the input's device (seeded by fairseq per update).
 
-Evaluation (``--randomized-eval-positions``): the authors' code draws at test time too, from training's
-distribution (``range_evaluation.py``, a fresh key per batch, on encoder-only models whose test lengths are known).
-Here evaluation is deterministic, so that validation, beam search and incremental decoding repeat exactly:
+Evaluation (``--randomized-eval-positions``) is deterministic here (the authors' code draws at test time too), so
+that validation, beam search and incremental decoding repeat exactly:
 
 - ``spread`` (default): the mean of training's draw, p_r = round((r + 1)(L + 1)/(n + 1)) − 1, the expected r-th
   smallest of a uniform n-subset of {0..L−1} (neighbours ~L/n apart, as in training). The encoder's n is its
@@ -23,11 +20,9 @@ Here evaluation is deterministic, so that validation, beam search and incrementa
   source's length S (ρ = ``--randomized-length-ratio``, the expected target/source length ratio, default 1), in
   teacher-forced evaluation as well, so that incremental decoding equals the full forward; past n̂ the spacing
   goes on, clipped at L − 1.
-- ``prefix``: token t takes s_t of one sorted random N-subset s_0 < … < s_{N−1} of {0..L−1}, N = the stack's max
-  positions, drawn from a generator seeded with ``EVAL_SEED`` (a prefix of s is the positions of the prefix, so no
-  length is needed). With L = 2N it puts a sentence's tokens ~2 apart from 0, where training puts a 14-token
-  caption's ~140 apart over the whole range: on the Multi30k study's seed-2 model it scores 9.0 BLEU below
-  ``spread`` (results/multi30k_study/randomized_eval/); with L = N it is the plain sinusoid.
+- ``prefix``: token t takes s_t of one sorted random N-subset of {0..L−1} seeded with ``EVAL_SEED`` (N = the
+  stack's max positions): tokens ~L/N apart from 0, 9.0 BLEU below ``spread`` in the Multi30k study
+  (results/multi30k_study/randomized_eval/).
 
 Mapping to code: ``Randomized`` is the scheme (its flags; ``embed`` gives the stack its embedding; the decoder's
 reads its source's lengths, ``reads_source``, which the decoder sets around each forward); ``spread_positions`` is

@@ -6,37 +6,15 @@ for the forward, one for the backward. What a captured graph does to memory deci
 (``torch/cuda/graphs.py``): its inputs, outputs and gradients live in static buffers that the next replay
 overwrites, and its intermediate memory belongs to its pool for as long as the graph lives.
 
-- Outputs and gradients are handed out as fresh copies (``_Replay``). torch's ``make_graphed_callables``
-  returns its static gradient buffers detached; where the gradient reaches a parameter through views only,
-  autograd keeps that buffer itself as ``.grad``, and the next micro-batch's replay overwrites it: with
-  gradient accumulation (``--update-freq``, DDP's ``no_sync``) the parameter got twice the last gradient.
-- One solve in flight: a graph's backward reads its forward's stage tape, which the next forward replay
-  overwrites. A training step solves once per forward (``FloaterPositions``), so forward and backward
-  alternate; a second forward before the first one's backward (or its abandonment) runs the loop instead.
-- Bounded memory: every bucket of one shape shares the static inputs, one stage tape and one output-gradient
-  buffer (the longest bucket's, F·20·(P−1)·K·H and F·P·K·H elements, allocated flat outside the graphs), one
-  memory pool and one capture stream (``_Tape``). The caching allocator hands a freed pool block only to
-  allocations on the stream that freed it, so buckets captured on streams of their own would not reuse each
-  other's workspace. Each bucket views the first elements of the shared buffers in its own shape, contiguous:
-  a strided slice of a longer tape would make RK4's batched product copy the whole slice inside the capture.
-  The run then holds one tape and the capture workspace of the longest bucket it met, plus each bucket's output
-  and input gradients, not a tape per bucket. A longer bucket replaces the shared buffers and drops the graphs
-  that used the old ones (``GRAPHS.held_bytes()`` reports what is held, ``GRAPHS.captured_buckets()`` how many are captured). A
-  replacement returns what it frees: the new graphs capture into a fresh pool, and the allocator frees the old
-  one's segments on ``empty_cache`` once no graph captured into it lives (``releasePool``); the cache is emptied
-  before the new buffers are allocated, or the new output gradient, given the smallest cached block that fits,
-  would be split out of the dead tape's segment and keep all of it reserved (shortest-first at base dims: 358 MiB
-  held for a 36 MiB gradient).
-- Non-finite values in the bucket's extra rows would enter θ's gradient as 0·inf: the kept rows become NaN
-  then, and ``solve_checked`` stops the run with its one-line error.
-- Capture on the solve's own device and the tape's side stream, in ``thread_local`` capture mode: other
-  threads (the NCCL watchdog polling its events during a DDP step) may call CUDA while a capture is open. A
-  warm-up solve on that stream first, so lazy initialisation (cuBLAS workspaces) happens outside the capture.
-- A capture that fails (out of memory, an operation CUDA refuses while capturing) costs no training: that
-  solve and every later one of that bucket run the loop, after one warning naming the bucket and the error.
-  Nothing of the failed capture stays registered, and the solve's stream is restored (``torch.cuda.graph``
-  leaves its capture stream current when ending an invalidated capture raises).
+- fresh copies of outputs and gradients (``_Replay``): the static buffers are overwritten by the next replay;
+- one solve in flight: a second forward before the first one's backward runs the loop instead;
+- bounded memory: every bucket of one shape shares one set of static buffers, one pool and one capture stream
+  (``_Tape``), replaced (and the cache emptied first) when a longer bucket comes;
+- non-finite values in a bucket's extra rows stop the run through ``solve_checked``;
+- capture on the tape's side stream in ``thread_local`` mode, after a warm-up solve; a capture that fails
+  falls back to the loop for that bucket after one warning.
 
+Each rule, the failure it prevents and what it costs: docs/floater_solver.md, "CUDA graphs (``cuda_graph.py``)".
 Verified on CPU by emulating the graphs' data semantics (``tests/test_floater_cuda_graph.py``); what has run
 on a GPU is in ``results/gpu_check/gpu_check.md``.
 """

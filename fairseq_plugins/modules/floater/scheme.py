@@ -202,12 +202,12 @@ class Floater(ProjectionBiases):
     @contextmanager
     def bound(self, bindings: Bindings):
         """What ``project`` adds to each projection (``attention.position_bindings``) for the ``with`` block."""
-        # object.__setattr__: nn.Module's own __setattr__ costs microseconds per call, every decoding step
-        object.__setattr__(self, "_bound", bindings)
+        # the one dict made in __init__, filled and emptied in place: no attribute set on the module per forward
+        self._bound.update(bindings)
         try:
             yield
         finally:
-            object.__setattr__(self, "_bound", {})
+            self._bound.clear()
 
     def project(self, attention, name: str, x: Tensor) -> Tensor:
         proj = getattr(attention, name)
