@@ -16,6 +16,7 @@ if tuple(int(v) for v in re.match(r"(\d+)\.(\d+)", str(torch.__version__)).group
                       f"({torch.__file__}); see docs/setup.md")
 
 from . import models  # noqa: E402,F401  (registers models and architectures)
+from . import optim  # noqa: E402,F401  (registers --optimizer torch_adam)
 from .fairseq_check import log_once as _log_fairseq_once  # noqa: E402
 
 _log_fairseq_once()  # on a fairseq without this project's patch: what is refused there, in one line
@@ -40,6 +41,8 @@ if not hasattr(sys.excepthook, "default_hook"):  # once, whatever the number of 
     sys.excepthook = _one_line_errors(sys.excepthook)
 
 
-from . import exit_handling  # noqa: E402
+from . import exit_handling, fairseq_check  # noqa: E402
 
 exit_handling.register()
+# after the excepthook: --fused-update/--adam-impl on a fairseq without 04-fused-update.patch, one line
+fairseq_check.refuse_fast_update_flags(sys.argv[1:])

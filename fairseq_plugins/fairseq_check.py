@@ -25,6 +25,8 @@ from omegaconf import OmegaConf
 logger = logging.getLogger(__name__)
 
 PATCH_VERSION = 1  # the VERSION of fairseq/plugins_patch.py that this code relies on
+FAST_UPDATE_PATCH = "third_party/fairseq-0.12.2/04-fused-update.patch"
+FAST_UPDATE_FLAGS = ("--fused-update", "--adam-impl")  # what only that part adds to fairseq
 
 
 def patch_version():
@@ -38,6 +40,26 @@ def patch_version():
 
 def patched():
     return (patch_version() or 0) >= PATCH_VERSION
+
+
+def has_fast_update():
+    """Whether the fairseq imported here has 04-fused-update.patch (its flags are fields of Adam's config)."""
+    from fairseq.optim.adam import FairseqAdamConfig
+
+    return "fused_update" in getattr(FairseqAdamConfig, "__dataclass_fields__", {})
+
+
+def refuse_fast_update_flags(argv):
+    """On a fairseq without 04-fused-update.patch, a command line with its flags: one line naming the part (fairseq's
+    parser, which runs after the plugins' import, would only call them unrecognized arguments)."""
+    if has_fast_update():
+        return
+    given = sorted({a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in FAST_UPDATE_FLAGS})
+    if given:
+        error = UnpatchedFairseq(f"{' and '.join(given)} {'need' if len(given) > 1 else 'needs'} {FAST_UPDATE_PATCH}, "
+                                 f"which {describe()} lacks: train without {'them' if len(given) > 1 else 'it'} "
+                                 "(--optimizer torch_adam runs torch's Adam there) or `make setup` (docs/setup.md)")
+        raise error
 
 
 def describe():
