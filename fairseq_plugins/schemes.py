@@ -1,26 +1,27 @@
 """The table of position schemes: every scheme the project compares, its kind, paper, architectures and flags.
 
-Every scheme enters a Transformer at one of a few hooks (the kinds):
+Every scheme enters a Transformer in one slot (the kinds; ``modules/position_scheme.py``):
 - ``embedding``: a position embedding added to the token embeddings (fairseq's sinusoidal and learned; SHAPE, CAPE,
-  randomized positions),
-  or to the input of every block too (FLOATER's Table 2 baseline, ``transformer_every_layer_pos``);
-- ``score bias``: an additive (heads, T, S) logit bias in self-attention (T5, ALiBi, KERPLE, FIRE);
-- ``rotary``: a rotation of q and k in self-attention (RoPE);
+  randomized positions), or to the input of every block too (FLOATER's Table 2 baseline,
+  ``transformer_every_layer_pos``);
+- ``score bias``: an additive (heads, T, S) logit bias in self-attention (T5, ALiBi, KERPLE, FIRE; ``ScoreBias``);
+- ``rotary``: a rotation of q and k in self-attention (RoPE; ``Rotation``);
 - ``cross bias``: a (B, heads, T, S) logit bias in the decoder's cross-attention, a prior on which source
-  positions a target position attends (ALiBi on the source/target diagonal), with any self-attention scheme;
+  positions a target position attends (ALiBi on the source/target diagonal), with any self-attention scheme
+  (``CrossBias``);
 - ``none``: no position at all (NoPE; decoder only: its causal mask carries order, while an encoder without
   positions is permutation-invariant);
-- ``relative vectors`` (Shaw et al.): relative key and value vectors inside the attention's products, a scheme
-  that owns the product (the contract's ``attend``);
-- ``projection biases`` (FLOATER): position-dependent q/k/v biases (the contract's ``project`` and the hooks that
-  give it a batch's positions).
+- ``relative vectors`` (Shaw et al.): relative key and value vectors inside the attention's products, a product
+  of its own (``RelativeProduct``);
+- ``projection biases`` (FLOATER): position-dependent q/k/v biases (``ProjectionBiases``; the work around a
+  forward in FLOATER's own model and stack classes).
 
 ``SCHEMES`` is the one list every other place reads: the ``position_transformer`` family (its
 ``--position-scheme`` choices, its flags and ``<scheme>_transformer_*`` architectures), the benchmark, the demo, the
 Multi30k scripts, the study's claims and the tests. Scripts name a scheme by its ``model`` name (``transformer``,
 ``relative``, ``floater``, ``rope``, ...). A row of ``position_transformer`` names its class
-(``modules/position_scheme.py``'s contract: its hooks, its flags). Adding a scheme: its module (the maths, one
-docstring, one ``PositionScheme`` class) and one row here.
+(``modules/position_scheme.py``: its slot, its flags). Adding a scheme: its module (the maths, one docstring, one
+class in its slot), one row here and its model class (docs/position_schemes.md, "Adding a scheme").
 """
 
 from dataclasses import dataclass

@@ -130,7 +130,7 @@ def sinusoid(num_positions, dim, padding_idx=1, module=None):
 
     if module is None:
         module = SinusoidalPositionalEmbedding(dim, padding_idx, init_size=num_positions + padding_idx + 1)
-    from fairseq_plugins.models.position_transformer import source_lengths
+    from fairseq_plugins.models._stacks import source_lengths
 
     tokens = torch.full((1, num_positions), module.padding_idx + 1, dtype=torch.long)  # any non-padding token
     # randomized positions' decoder estimates its length from its source's, as the decoder's forward gives it: here

@@ -311,8 +311,8 @@ def attention_figure(model, label, num_positions, train_max_len, out):
         ax = axes[0, -1]
         x, values = rope_rotation_only(entries[0], num_positions)
         ax.plot(x, values.numpy(), "k-", lw=1)
-        ax.set_title(f"the rotation alone (another quantity): mean_p cos((j − i)·θ_p), base "
-                     f"{entries[0]['module'].base:g}", fontsize=8)
+        ax.set_title(f"the rotation alone (another quantity): mean_p cos((j − i)·θ_p), "
+                     f"{entries[0]['module'].extra_repr()}", fontsize=8)
         ax.set_xlabel("distance j − i", fontsize=7)
         ax.set_ylabel("cosine", fontsize=7)
         ax.tick_params(labelsize=6)
