@@ -28,7 +28,7 @@ forward (its solve, caches, the two stacks' joint solve) lives in its own model 
 """
 
 from contextlib import contextmanager
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -107,13 +107,13 @@ class ScoreBias(PositionScheme, nn.Module):
         finally:
             self._shared = None
 
-    def shared_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:
-        """``score_bias``, once per forward and shapes (every self-attention of a stack has the same queries,
-        keys and padding)."""
-        key = (tuple(q_pos.shape), tuple(k_pos.shape), dtype)
+    def shared_bias(self, q_pos: Tensor, src_len: int, keys: Callable[[], Tensor], dtype: torch.dtype) -> Tensor:
+        """``score_bias`` for q_pos and the positions of src_len keys (``keys()``, made only when the bias is),
+        once per forward and shapes (every self-attention of a stack has the same queries, keys and padding)."""
+        key = (tuple(q_pos.shape), src_len, dtype)
         if self._shared is not None and key in self._shared:
             return self._shared[key]
-        bias = self.score_bias(q_pos, k_pos, dtype)
+        bias = self.score_bias(q_pos, keys(), dtype)
         if self._shared is not None:
             self._shared[key] = bias
         return bias

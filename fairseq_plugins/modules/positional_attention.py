@@ -156,10 +156,14 @@ class PositionalSelfAttention(PositionalAttention):
         return q, k, v, key_padding_mask, positions
 
     def _bias(self, positions, key_padding_mask, src_len, dtype):
-        if self.score is None:
+        score = self.score
+        if score is None:
             return None
-        k_pos = slot_positions(self.score, torch.arange(src_len, device=positions.device), key_padding_mask)
-        return self.score.shared_bias(positions, k_pos, dtype)  # (H, T, S), or (B, H, T, S) per sentence
+
+        def keys():  # made only when the bias is (the stack's first layer of a forward)
+            return slot_positions(score, torch.arange(src_len, device=positions.device), key_padding_mask)
+
+        return score.shared_bias(positions, src_len, keys, dtype)  # (H, T, S), or (B, H, T, S) per sentence
 
 
 class PositionalCrossAttention(PositionalAttention):
