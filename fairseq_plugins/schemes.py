@@ -5,7 +5,8 @@ Every scheme enters a Transformer in one slot (the kinds; ``modules/position_sch
   randomized positions), or to the input of every block too (FLOATER's Table 2 baseline,
   ``transformer_every_layer_pos``);
 - ``score bias``: an additive (heads, T, S) logit bias in self-attention (T5, ALiBi, KERPLE, FIRE; ``ScoreBias``);
-- ``rotary``: a rotation of q and k in self-attention (RoPE; ``Rotation``);
+- ``rotary``: a rotation of q and k in self-attention (RoPE; xPos, which also scales them by position;
+  ``Rotation``);
 - ``cross bias``: a (B, heads, T, S) logit bias in the decoder's cross-attention, a prior on which source
   positions a target position attends (ALiBi on the source/target diagonal), with any self-attention scheme
   (``CrossBias``);
@@ -40,6 +41,7 @@ from .modules.relative_attention import ShawRelative
 from .modules.rope import RoPE
 from .modules.shape_positions import SHAPE
 from .modules.t5_bias import T5Bias
+from .modules.xpos import XPos
 
 # fairseq's architecture sizes: the suffix every family's architectures carry
 SIZES = {"fairseq": "", "base": "_wmt_en_de", "big": "_vaswani_wmt_en_de_big",
@@ -107,6 +109,8 @@ SCHEMES = {s.name: s for s in (
            POSITION_TRANSFORMER, "fire_transformer", cls=FIRE),
     Scheme("rope", "rope", "rotary", "Su et al., RoFormer (arXiv 2104.09864)",
            POSITION_TRANSFORMER, "rope_transformer", cls=RoPE),
+    Scheme("xpos", "xpos", "rotary", "Sun et al., ACL 2023 (arXiv 2212.10554)",
+           POSITION_TRANSFORMER, "xpos_transformer", cls=XPos),
     Scheme("nope", "nope", "none", "Kazemnejad et al., NeurIPS 2023 (arXiv 2305.19466)",
            POSITION_TRANSFORMER, "nope_transformer", cls=NoPE, encoder=False, encoder_partner="sinusoidal"),
     Scheme("alibi_sync", "alibi_sync", "cross bias", "Press et al., ICLR 2022 (ALiBi's slopes) on a source/target "

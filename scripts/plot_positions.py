@@ -35,14 +35,15 @@ What is drawn (positions are fairseq's: position i is the (i+1)-th token of a se
   ``rotary`` (``LABEL_<scheme>.png``: t5, alibi, kerple, fire, rope, and any row added since): the term each adds
   to the logit of query i and key j, by distance j − i, one line per head, one panel per stack (the decoder's: the
   past only), from the module's own ``score_bias``, titled with its class's ``title`` and ``equation`` (T5's
-  β_h[bucket(j − i)], ALiBi's −m_h·|j − i|, ...; a scheme with ``per_sentence`` positions, FIRE's, depends on the
+  β_h[bucket(j − i)], ALiBi's −m_h·|j − i|, ...; a score bias with ``per_sentence`` positions, FIRE's, depends on the
   query's position too, drawn at i = --positions − 1);
   for RoPE, which adds no term but rotates q and k, the first layer's logit between a word's query and the same
   word's key at distance j − i, averaged over the vocabulary (its input is the word's scaled embedding alone),
-  and beside it the rotation alone, the mean over frequencies of cos((j − i)·θ_p). SHAPE (a shifted sinusoid,
-  drawn as the sinusoid it is at evaluation) and NoPE's encoder (sinusoidal) get the sinusoid's figure; randomized
-  positions get the sinusoid at the positions their evaluation gives a sentence of --positions tokens (the spread
-  rule: about L/N apart; a decoder's as after a source as long).
+  and beside it the rotation alone, the mean over frequencies of cos((j − i)·θ_p) (xPos: each times its pair's
+  scale ζ_p^(−(j − i)/γ); its logit curves likewise from its own transforms, a query at 0 left unchanged).
+  SHAPE (a shifted sinusoid, drawn as the sinusoid it is at evaluation) and NoPE's encoder (sinusoidal) get the
+  sinusoid's figure; randomized positions get the sinusoid at the positions their evaluation gives a sentence of
+  --positions tokens (the spread rule: about L/N apart; a decoder's as after a source as long).
 - Sinusoidal positions (``LABEL_sinusoidal.png``): the sinusoid's position–position cosine similarity (a
   function of i − j only).
 

@@ -69,8 +69,9 @@ def build(arch, **kw):
 
 # -- naive references, from the papers' equations (each scheme's: tests/helpers/scheme_references.py) -----------
 
-def naive_attention(attn, x, padding, causal, bias_fn=None, rotate_fn=None, delta_fn=None):
-    """out_i = Σ_j softmax_j(e_ij) v_j, e_ij = (R_i q_i)·(R_j k_j)/sqrt(d) + bias_h(i, j), loop by loop; with
+def naive_attention(attn, x, padding, causal, bias_fn=None, rotate_fn=None, delta_fn=None, rotate_k_fn=None):
+    """out_i = Σ_j softmax_j(e_ij) v_j, e_ij = (R_i q_i)·(R_j k_j)/sqrt(d) + bias_h(i, j), loop by loop (R_j k_j
+    by rotate_k_fn where given: a rotation that treats keys differently, xPos'; by rotate_fn otherwise); with
     delta_fn(projection, b, i), q_i = W_q x_i + b_q(0) + Δb_q(t_i) (likewise k, v). i and j in R and the bias are
     positions in the sentence (the papers' i, j), counted from its first real token: a left-padded sentence's
     logits are its logits alone."""
@@ -81,6 +82,7 @@ def naive_attention(attn, x, padding, causal, bias_fn=None, rotate_fn=None, delt
         q, k, v = ([[y[i, b] + delta_fn(j, b, i) for b in range(B)] for i in range(T)] for j, y in enumerate((q, k, v)))
         q, k, v = (torch.stack([torch.stack(row) for row in y]) for y in (q, k, v))
     out = torch.zeros(T, B, C, dtype=x.dtype)
+    rotate_k_fn = rotate_k_fn or rotate_fn
     rows = []
     for b in range(B):
         lead = int(padding[b].long().cumprod(0).sum())  # its left padding
@@ -93,7 +95,7 @@ def naive_attention(attn, x, padding, causal, bias_fn=None, rotate_fn=None, delt
                     if padding[b, j] or (causal and j > i):
                         logits.append(torch.tensor(float("-inf"), dtype=x.dtype))
                         continue
-                    kj = k[j, b, sl] if rotate_fn is None else rotate_fn(k[j, b, sl], j - lead)
+                    kj = k[j, b, sl] if rotate_k_fn is None else rotate_k_fn(k[j, b, sl], j - lead)
                     e = (qi * kj).sum() / math.sqrt(d)
                     logits.append(e + (bias_fn(h, i - lead, j - lead) if bias_fn else 0.0))
                 p = torch.softmax(torch.stack(logits), 0)
@@ -792,9 +794,10 @@ CLASS_ROWS = [s for s in SCHEMES.values() if s.cls is not None]  # the stacks' s
 # a valid value other than the default, per flag of every scheme (a new flag needs one here)
 OTHER_VALUES = {"--t5-num-buckets": "16", "--t5-max-distance": "64", "--t5-bias-init": "zeros",
                 "--fire-threshold": "64", "--rope-base": "500", "--rope-scaling": "linear",
-                "--rope-scaling-factor": "2", "--rope-original-length": "100", "--shape-max-shift": "5",
-                "--shape-eval-offset": "7", "--cape-max-global-shift": "2", "--cape-max-local-shift": "0.5",
-                "--cape-max-global-scaling": "1.5", "--randomized-max-position": "4096",
+                "--rope-scaling-factor": "2", "--rope-original-length": "100", "--xpos-scale-base": "256",
+                "--shape-max-shift": "5", "--shape-eval-offset": "7", "--cape-max-global-shift": "2",
+                "--cape-max-local-shift": "0.5", "--cape-max-global-scaling": "1.5",
+                "--randomized-max-position": "4096",
                 "--randomized-eval-positions": "prefix", "--randomized-length-ratio": "1.2",
                 "--learned-pos": None, "--max-relative-positions": "3", "--relative-keys": ("--no-relative-keys",),
                 "--relative-values": ("--no-relative-values",), "--relative-per-head": ("--relative-shared-heads",),

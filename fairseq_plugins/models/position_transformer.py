@@ -336,6 +336,11 @@ class RopeTransformerModel(PositionTransformerModel, family="rope"):
     pass
 
 
+@register_model("xpos_transformer")
+class XposTransformerModel(PositionTransformerModel, family="xpos"):
+    pass
+
+
 @register_model("nope_transformer")
 class NopeTransformerModel(PositionTransformerModel, family="nope"):
     pass

@@ -22,7 +22,7 @@
 #                   FLOATER_AUTHORS below, the flags of configs/scheme/floater_all_authors.yaml at update_freq 1
 #                   (docs/wmt14.md: what still differs from their code)
 #   any other model name of the table of schemes (python -m fairseq_plugins models: learned, every_layer, shape,
-#                   cape, randomized, t5, alibi, kerple, fire, rope, nope, alibi_sync), its _tiny architecture with the dimensions of MODEL_ARGS;
+#                   cape, randomized, t5, alibi, kerple, fire, rope, xpos, nope, alibi_sync), its _tiny architecture with the dimensions of MODEL_ARGS;
 #                   shape with --shape-max-shift SHAPE_K (default 50: at least Multi30k's longest training sentence,
 #                   48 source / 50 target pieces; the architecture's default, 100, is for WMT)
 # Every run is evaluated on the average of its last AVG (fine-tunes: FT_AVG) epoch checkpoints, beam 5, length

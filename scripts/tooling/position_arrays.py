@@ -307,14 +307,17 @@ def rope_logits_by_distance(model, entry, num_positions, chunk=512):
 
 
 def rope_rotation_only(entry, num_positions):
-    """(distances, values): mean over RoPE's frequencies of cos((j − i)·θ_p), the logit of an isotropic q = k
-    against itself rotated, as a fraction of |q|²: what the rotation alone does with distance."""
+    """(distances, values): the logit of an isotropic q = k at position i against itself at j, as a fraction of
+    |q|², the trace of the module's own ``rotated`` over d_z: what the rotation alone does with distance (RoPE's
+    mean over frequencies of cos((j − i)·θ_p); xPos' times its scale ζ_p^(−(j − i)/γ), its module's ``alone``)."""
     import torch
 
     _, keys = _distances(entry["causal"], num_positions)
     shift = keys - (num_positions - 1)
-    theta = entry["module"].theta(torch.device("cpu"), torch.float64)
-    return shift.tolist(), torch.cos(shift.double()[:, None] * theta[None, :]).mean(1)
+    module = entry["module"]
+    basis = torch.eye(module.head_dim, dtype=torch.float64)  # one key per dimension, at every distance
+    rotated = module.rotated(basis[None, :, None].expand(1, -1, shift.numel(), -1), shift)  # (1, d, len, d)
+    return shift.tolist(), torch.diagonal(rotated[0], dim1=0, dim2=2).mean(-1)
 
 
 def absolute_embeddings(model):
@@ -378,6 +381,6 @@ def attention_lines(model, entry, num_positions):
     """(distances, (H, len) values, y-axis label) of one stack's attention scheme."""
     if entry["row"].kind == "rotary":
         x, values = rope_logits_by_distance(model, entry, num_positions)
-        return x, values, "logit q·R_(j−i) k / √d_z"
+        return x, values, f"logit {entry['row'].cls.equation} / √d_z"
     x, values = score_bias_by_distance(entry, num_positions)
     return x, values, "logit bias"

@@ -260,15 +260,17 @@ def relative_figures(model, label, out):
 
 
 def attention_title(entry, num_positions):
-    """The row's class's title and equation (a rotary scheme: the logit the figure draws); a scheme that reads
-    positions themselves (FIRE's normaliser) depends on the query's position too, so its curves name the query."""
+    """The row's class's title and equation (a rotary scheme: the logit the figure draws); a score bias that reads
+    positions themselves (FIRE's normaliser) depends on the query's position too, so its curves name the query (a
+    rotation's logit is a function of j − i alone, whatever positions it reads: xPos')."""
     row = entry["row"]
     title = row.cls.title or row.name
     if row.kind == "rotary":
         title += ", first layer's logit for one word at two positions, vocabulary mean"
     else:
         title += f", {row.cls.equation or 'its logit bias'}"
-    return title + f", query i = {num_positions - 1}" if getattr(row.cls, "per_sentence", False) else title
+    by_query = row.kind != "rotary" and getattr(row.cls, "per_sentence", False)
+    return title + f", query i = {num_positions - 1}" if by_query else title
 
 
 def _same_y(axes):
@@ -311,10 +313,12 @@ def attention_figure(model, label, num_positions, train_max_len, out):
         ax = axes[0, -1]
         x, values = rope_rotation_only(entries[0], num_positions)
         ax.plot(x, values.numpy(), "k-", lw=1)
-        ax.set_title(f"the rotation alone (another quantity): mean_p cos((j − i)·θ_p), "
-                     f"{entries[0]['module'].extra_repr()}", fontsize=8)
+        module = entries[0]["module"]  # RoPE's: cosines; a rotation that also scales names its curve (``alone``)
+        alone = getattr(module, "alone", None)
+        curve = alone or f"mean_p cos((j − i)·θ_p), {module.extra_repr()}"
+        ax.set_title(f"the rotation alone (another quantity): {curve}", fontsize=8)
         ax.set_xlabel("distance j − i", fontsize=7)
-        ax.set_ylabel("cosine", fontsize=7)
+        ax.set_ylabel("cosine" if alone is None else "logit / |q|²", fontsize=7)
         ax.tick_params(labelsize=6)
         ax.grid(alpha=0.3)
     note = "" if train_max_len is None else "; dashed: the largest distance within a training sentence"

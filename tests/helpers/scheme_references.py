@@ -3,11 +3,11 @@
 ``REFERENCES[name]`` is a ``Reference``: ``build(H, d, causal)``, the scheme's module under test (its parameters
 moved off their starting values where that makes each one matter), and ``equation(scheme, attn, causal, T,
 padding)``, its paper's equation written loop by loop, as the hooks that tests/test_position_schemes.py's
-``naive_attention`` takes: ``bias_fn(h, i, j)`` (a score bias), ``rotate_fn(vec, m)`` (a rotation of q and k) or
-``delta_fn(projection, b, i)`` (a bias of the q/k/v projections). Every row of the table whose kind is in
-``SELF_ATTENTION_KINDS`` needs one: ``reference(name)`` fails by name where it is missing. (Shaw's relative
-vectors own the attention's product: their reference is tests/test_relative_attention.py's; a cross-attention
-prior's is tests/test_cross_prior.py's.)
+``naive_attention`` takes: ``bias_fn(h, i, j)`` (a score bias), ``rotate_fn(vec, m)`` (a rotation of q and k;
+with ``rotate_k_fn(vec, m)`` the keys', where a rotation treats them differently: xPos') or ``delta_fn(projection,
+b, i)`` (a bias of the q/k/v projections). Every row of the table whose kind is in ``SELF_ATTENTION_KINDS`` needs
+one: ``reference(name)`` fails by name where it is missing. (Shaw's relative vectors own the attention's product:
+their reference is tests/test_relative_attention.py's; a cross-attention prior's is tests/test_cross_prior.py's.)
 """
 import argparse
 import math
@@ -24,6 +24,7 @@ from fairseq_plugins.modules.floater import Floater
 from fairseq_plugins.modules.kerple import KerpleLog
 from fairseq_plugins.modules.rope import RoPE
 from fairseq_plugins.modules.t5_bias import T5Bias
+from fairseq_plugins.modules.xpos import XPos
 
 HOME = "tests/helpers/scheme_references.py"
 SELF_ATTENTION_KINDS = ("score bias", "rotary", "projection biases")  # the table's kinds naive_attention checks
@@ -56,6 +57,20 @@ def rope_naive(vec, m, base=10000.0):
     for i in range(d // 2):
         angle = m * base ** (-2 * i / d)
         a, b = vec[2 * i], vec[2 * i + 1]
+        out[2 * i] = a * math.cos(angle) - b * math.sin(angle)
+        out[2 * i + 1] = a * math.sin(angle) + b * math.cos(angle)
+    return out
+
+
+def xpos_naive(vec, m, query, scale_base=512.0, base=10000.0):
+    """Sun et al.'s q̃_m = R_m (q_m ⊙ ζ^(m/γ)) (query) or k̃_m = R_m (k_m ⊙ ζ^(−m/γ)) (key), pair by pair:
+    ζ_i = (i/(d/2) + 0.4)/1.4 on both dimensions of pair i, R_m RoPE's rotation by m·base^(−2i/d)."""
+    d = vec.numel()
+    out = vec.clone()
+    for i in range(d // 2):
+        scale = ((i / (d / 2) + 0.4) / 1.4) ** ((m if query else -m) / scale_base)
+        angle = m * base ** (-2 * i / d)
+        a, b = vec[2 * i] * scale, vec[2 * i + 1] * scale
         out[2 * i] = a * math.cos(angle) - b * math.sin(angle)
         out[2 * i + 1] = a * math.sin(angle) + b * math.cos(angle)
     return out
@@ -128,6 +143,11 @@ REFERENCES: Dict[str, Reference] = {
                           bias_fn=lambda h, i, j: fire_bias_naive(scheme, h, i, j))),
     "rope": Reference(lambda H, d, causal: RoPE(d),
                       lambda scheme, attn, causal, T, padding: dict(rotate_fn=rope_naive)),
+    # γ = 4: over the test's 7 positions the scale spans ζ_0^(±6/4) ≈ 6.5×, so that a wrong sign or origin shows
+    "xpos": Reference(lambda H, d, causal: XPos(d, scale_base=4.0),
+                      lambda scheme, attn, causal, T, padding: dict(
+                          rotate_fn=lambda vec, m: xpos_naive(vec, m, True, 4.0),
+                          rotate_k_fn=lambda vec, m: xpos_naive(vec, m, False, 4.0))),
     "floater": Reference(floater_case, _floater),
 }
 

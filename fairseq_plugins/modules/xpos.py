@@ -1,0 +1,105 @@
+"""xPos, the extrapolatable position embedding (Sun et al., "A Length-Extrapolatable Transformer", ACL 2023, arXiv
+2212.10554; torchscale's ``XPOS`` is the authors' code): RoPE's rotation with a per-pair exponential scale that
+grows on the query and shrinks on the key, so that their product decays with distance::
+
+    q̃_n = R_n (q_n ⊙ ζ^(n/γ)),   k̃_m = R_m (k_m ⊙ ζ^(−m/γ))
+    q̃_n·k̃_m = Σ_i [(q_2i k_2i + q_2i+1 k_2i+1) cos((m−n)θ_i)
+                    + (q_2i+1 k_2i − q_2i k_2i+1) sin((m−n)θ_i)] · ζ_i^((n−m)/γ)
+    ζ_i = (i/(d_z/2) + 0.4)/1.4 ∈ [0.29, 1),  γ = 512 (the scale base),  θ_i = 10000^(−2i/d_z)  (RoPE's)
+
+R_n is RoPE's rotation of each pair (2i, 2i+1) by nθ_i, and ζ_i scales both dimensions of pair i: the logit depends
+on n − m only, and for a key before its query (m < n) the high-frequency pairs (small i: θ_0 = 1, ζ_0 = 0.29),
+whose rotation turns fastest, fade with the distance, while the low-frequency ones (ζ_i → 1) keep RoPE's. Values
+are not rotated; self-attention only.
+
+Positions: n and m are counted from each sentence's first real token (``per_sentence``), so that a sentence's
+numbers do not depend on its batch-mates' left padding. Only n − m matters to the logit, so any common origin
+gives the same product; torchscale centres the positions on the middle of the current sequence to keep ζ^(±n/γ)
+small, but that centre moves as a decoder steps on while this attention caches the keys already scaled, so the
+origin stays each sentence's first token. The cost is range: the factors reach ζ_0^(±n/γ) = 3.5^(±n/γ), which stay
+normal float16 numbers up to n ≈ 7.7·γ (3,900 tokens at γ = 512; past 4,500 a key's factor alone exceeds float16's
+range), bfloat16 and float32 ones up to n ≈ 70·γ; the factors are computed in float32 (float64 for a float64
+model), then multiplied into q and k in their dtype.
+
+The encoder: xPos was made for causal language models, where every key precedes its query. A bidirectional encoder
+gets the same two factors, as torchscale's self-attention applies them in any stack: for a key after its query
+(m > n) ζ_i^((n−m)/γ) exceeds 1, growing with the distance (at most 3.5^((m−n)/γ), pair 0's:
+1.08 at 32 tokens, 1.41 at 140). A decay in |n − m| on both sides cannot be split into a factor of the query's
+position times one of the key's, which is all a rotation of q and k can apply (a score bias cannot scale pairs one
+by one); and without the scale the encoder would be RoPE's, which the table compares already.
+
+Mapping to code: ``XPos.rotate(q, k, pos)`` applies the query's and the key's transforms (``scaled(x, pos,
+query)``: the rotation's cos and sin times ζ^(±pos/γ), then ``rotate_pairs``); ``rotated(x, pos)`` is the key's,
+R_m (x ⊙ ζ^(−m/γ)), the transform of a single vector that figures use: a query at position 0 is unchanged
+(R_0 = I, ζ^0 = 1), so q·rotated(k, j − i) is the logit between query i and key j; ``theta`` holds RoPE's θ_i and
+``zeta`` the ζ_i. ``PositionalSelfAttention`` calls ``rotate`` before its cache, with each sentence's positions
+(B, T) where the batch is padded.
+"""
+
+import torch
+from torch import Tensor
+
+from ..flags import Flag, positive
+from .position_scheme import Rotation, rotate_pairs
+
+
+class XPos(Rotation):
+    title, equation = "xPos (Sun et al.)", "q_i·R_(j−i) k_j·ζ^((i−j)/γ)"
+    per_sentence = True  # the scale reads positions themselves: each sentence's, from its first real token
+    flags = (
+        Flag("--xpos-scale-base", positive(float), "γ",
+             "xPos: the scale base γ, q times ζ^(n/γ) and k times ζ^(−m/γ) (default 512, the paper's)", 512.0),
+    )
+
+    @classmethod
+    def build(cls, cfg, heads, head_dim, causal):
+        return cls(head_dim, scale_base=cfg.xpos_scale_base)
+
+    def __init__(self, head_dim: int, scale_base: float = 512.0, base: float = 10000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"xPos rotates pairs of dimensions: the head dimension must be even, got {head_dim}")
+        self.head_dim, self.scale_base, self.base = head_dim, scale_base, base
+        self._tables = {}  # (device, dtype) → (θ, log ζ): not buffers, so that model.half() leaves them exact
+
+    def _table(self, device, dtype):
+        table = self._tables.get((device, dtype))
+        if table is None:
+            pair = torch.arange(0, self.head_dim, 2, dtype=torch.float64)  # 2i
+            theta = self.base ** -(pair / self.head_dim)
+            log_zeta = torch.log((pair / self.head_dim + 0.4) / 1.4)  # 2i/d = i/(d/2)
+            table = self._tables[device, dtype] = (theta.to(device=device, dtype=dtype),
+                                                   log_zeta.to(device=device, dtype=dtype))
+        return table
+
+    def theta(self, device, dtype) -> Tensor:
+        return self._table(device, dtype)[0]
+
+    def zeta(self, device, dtype) -> Tensor:
+        """(d_z/2,) ζ_i, the scale of pair i."""
+        return self._table(device, dtype)[1].exp()
+
+    def scaled(self, x: Tensor, pos: Tensor, query: bool) -> Tensor:
+        """R_pos (x ⊙ ζ^(±pos/γ)), + for a query, − for a key: x (B, H, T, d_z), positions (T,) or (B, T)."""
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # the factors in float32 at least
+        theta, log_zeta = self._table(x.device, dtype)
+        pos = pos.to(dtype)[..., None]  # (T, 1) or (B, T, 1)
+        scale = torch.exp(pos * log_zeta * ((1 if query else -1) / self.scale_base))  # ζ^(±pos/γ), (…, T, d/2)
+        angle = pos * theta
+        return rotate_pairs(x, (angle.cos() * scale).to(x.dtype), (angle.sin() * scale).to(x.dtype))
+
+    def rotated(self, x: Tensor, pos: Tensor) -> Tensor:
+        """A key's transform, R_m (x ⊙ ζ^(−m/γ)): against a query at position 0, which xPos leaves unchanged,
+        q·rotated(k, j − i) is the logit of query i and key j (what figures draw)."""
+        return self.scaled(x, pos, query=False)
+
+    def rotate(self, q: Tensor, k: Tensor, pos: Tensor):
+        return self.scaled(q, pos, query=True), self.scaled(k, pos, query=False)
+
+    @property
+    def alone(self) -> str:
+        """What figures draw as the rotation alone, the logit of an isotropic key with itself (``rotated``'s trace)."""
+        return f"mean_p ζ_p^(−(j − i)/γ)·cos((j − i)·θ_p), base {self.base:g}, γ = {self.scale_base:g}"
+
+    def extra_repr(self):
+        return f"head_dim={self.head_dim}, scale_base={self.scale_base:g}"
