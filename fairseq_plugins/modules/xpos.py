@@ -12,21 +12,15 @@ on n − m only, and for a key before its query (m < n) the high-frequency pairs
 whose rotation turns fastest, fade with the distance, while the low-frequency ones (ζ_i → 1) keep RoPE's. Values
 are not rotated; self-attention only.
 
-Positions: n and m are counted from each sentence's first real token (``per_sentence``), so that a sentence's
-numbers do not depend on its batch-mates' left padding. Only n − m matters to the logit, so any common origin
-gives the same product; torchscale centres the positions on the middle of the current sequence to keep ζ^(±n/γ)
-small, but that centre moves as a decoder steps on while this attention caches the keys already scaled, so the
-origin stays each sentence's first token. The cost is range: the factors reach ζ_0^(±n/γ) = 3.5^(±n/γ), which stay
-normal float16 numbers up to n ≈ 7.7·γ (3,900 tokens at γ = 512; past 4,500 a key's factor alone exceeds float16's
-range), bfloat16 and float32 ones up to n ≈ 70·γ; the factors are computed in float32 (float64 for a float64
-model), then multiplied into q and k in their dtype.
+Positions: n and m are counted from each sentence's first real token (``per_sentence``: left padding changes
+nothing). Only n − m matters to the logit; torchscale centres the positions to keep ζ^(±n/γ) small, but its centre
+moves as a decoder steps on while this attention caches keys already scaled. The cost is range: the factors,
+computed in float32 (float64 for a float64 model), stay normal float16 numbers up to n ≈ 7.7·γ (3,900 tokens at
+γ = 512), bfloat16 and float32 ones up to n ≈ 70·γ.
 
-The encoder: xPos was made for causal language models, where every key precedes its query. A bidirectional encoder
-gets the same two factors, as torchscale's self-attention applies them in any stack: for a key after its query
-(m > n) ζ_i^((n−m)/γ) exceeds 1, growing with the distance (at most 3.5^((m−n)/γ), pair 0's:
-1.08 at 32 tokens, 1.41 at 140). A decay in |n − m| on both sides cannot be split into a factor of the query's
-position times one of the key's, which is all a rotation of q and k can apply (a score bias cannot scale pairs one
-by one); and without the scale the encoder would be RoPE's, which the table compares already.
+The encoder gets the same two factors, as torchscale's self-attention applies them in any stack (xPos was made
+for causal models): for a key after its query the factor exceeds 1 and grows with the distance (pair 0's: 1.08 at
+32 tokens, 1.41 at 140); a decay in |n − m| on both sides is not a product of one factor per position.
 
 Mapping to code: ``XPos.rotate(q, k, pos)`` applies the query's and the key's transforms (``scaled(x, pos,
 query)``: the rotation's cos and sin times ζ^(±pos/γ), then ``rotate_pairs``); ``rotated(x, pos)`` is the key's,
