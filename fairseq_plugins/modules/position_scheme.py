@@ -136,6 +136,8 @@ class Rotation(PositionScheme, nn.Module):
         """(d_z/2,) the angular frequency of each pair of dimensions (figures draw what it does with distance)."""
         raise NotImplementedError
 
+    alone: Optional[str] = None  # how figures name the rotation's own effect with distance (None: RoPE's cosines)
+
 
 def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Each pair (x_2i, x_2i+1) of x (B, H, T, d) rotated by the angle whose cos and sin are given per position and

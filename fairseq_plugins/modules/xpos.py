@@ -92,7 +92,7 @@ class XPos(Rotation):
 
     @property
     def alone(self) -> str:
-        """What figures draw as the rotation alone, the logit of an isotropic key with itself (``rotated``'s trace)."""
+        """What figures draw as the rotation alone (``Rotation.alone``), ``rotated``'s trace."""
         return f"mean_p ζ_p^(−(j − i)/γ)·cos((j − i)·θ_p), base {self.base:g}, γ = {self.scale_base:g}"
 
     def extra_repr(self):

@@ -314,7 +314,7 @@ def attention_figure(model, label, num_positions, train_max_len, out):
         x, values = rope_rotation_only(entries[0], num_positions)
         ax.plot(x, values.numpy(), "k-", lw=1)
         module = entries[0]["module"]  # RoPE's: cosines; a rotation that also scales names its curve (``alone``)
-        alone = getattr(module, "alone", None)
+        alone = module.alone
         curve = alone or f"mean_p cos((j − i)·θ_p), {module.extra_repr()}"
         ax.set_title(f"the rotation alone (another quantity): {curve}", fontsize=8)
         ax.set_xlabel("distance j − i", fontsize=7)
