@@ -5,6 +5,7 @@ after it). Made once per content of that part and torch in .cache/: the release'
 compiled extensions of the venv's fairseq (no part changes a compiled source), in a folder that goes first on
 PYTHONPATH, so that the venv's torch, hydra-core and the rest serve both fairseqs."""
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -19,7 +20,10 @@ from conftest import REPO
 
 PATCHES = REPO / "third_party" / "fairseq-0.12.2"  # its parts, applied in their names' order
 COMPAT = PATCHES / "01-compat.patch"
-SDIST = REPO / ".cache" / "fairseq-0.12.2.tar.gz"  # scripts/setup_env.sh downloads it (checksum-pinned)
+# where scripts/setup_env.sh keeps what it downloads and builds: $CACHE (default .cache), the sdist there
+# (checksum-pinned) unless $FAIRSEQ_SDIST names one
+CACHE = REPO / os.environ.get("CACHE", ".cache")
+SDIST = Path(os.environ.get("FAIRSEQ_SDIST") or CACHE / "fairseq-0.12.2.tar.gz")
 
 
 def patched_files(patch_text):
@@ -32,7 +36,7 @@ def stock_fairseq():
     text = COMPAT.read_text()
     key = hashlib.sha256(text.encode()).hexdigest()[:12]
     pyver = "%d.%d" % sys.version_info[:2]
-    target = REPO / ".cache" / f"fairseq-0.12.2-stock-{key}-py{pyver}-torch{torch.__version__}"
+    target = CACHE / f"fairseq-0.12.2-stock-{key}-py{pyver}-torch{torch.__version__}"
     if (target / ".done").exists():
         return target
     assert SDIST.exists(), f"{SDIST}: the fairseq sdist (make setup downloads it)"
