@@ -184,3 +184,35 @@ def test_left_padding_leaves_a_sentences_numbers_alone():
         batched = attn(x, x, x, key_padding_mask=padding, need_weights=False)[0]
         alone = attn(x[-3:, :1], x[-3:, :1], x[-3:, :1], need_weights=False)[0]
     torch.testing.assert_close(batched[-3:, :1], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_positions_float16_cannot_hold_are_refused_in_one_line():
+    """In float16 the scale ζ_0^(±n/γ) leaves the normal numbers past n ≈ 7.7·γ and a key's factor is inf past
+    8.9·γ (then the attention's output is NaN, silently): the decoder refuses the step in one line naming the flag,
+    in the full forward and step by step, before any device work; within the range, outputs are finite, and bf16
+    takes ~9 times longer inputs."""
+    from fairseq_plugins.modules.position_scheme import RangeError
+
+    gamma = 8.0  # float16's range: positions below 7.7·8 = 62
+    model = xpos_model(gamma=gamma).half().eval()
+    limit = int(gamma * math.log(1 / torch.finfo(torch.float16).tiny) / math.log(1.4 / 0.4)) + 1
+    assert limit == 62
+    src, lengths, _ = tiny_models.fixed_batch()
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        ok = torch.full((3, limit), 5)
+        ok[:, 0] = tiny_models.EOS
+        assert torch.isfinite(model.decoder(ok, encoder_out=encoder_out)[0]).all()
+        long = torch.full((3, limit + 12), 5)
+        long[:, 0] = tiny_models.EOS
+        with pytest.raises(RangeError, match=r"^xPos: position 73 is beyond what its scale .* torch.float16 "
+                                             r"\(positions below 62 at --xpos-scale-base 8\)"):
+            model.decoder(long, encoder_out=encoder_out)
+        state = {}
+        with pytest.raises(RangeError, match="position 62 is beyond"):
+            for t in range(limit + 1):
+                model.decoder(long[:, :t + 1], encoder_out=encoder_out, incremental_state=state)
+    bf16 = xpos_model(gamma=gamma).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        out = bf16.decoder(long, encoder_out=bf16.encoder(src, src_lengths=lengths))[0]
+    assert torch.isfinite(out).all()

@@ -138,6 +138,10 @@ class Rotation(PositionScheme, nn.Module):
 
     alone: Optional[str] = None  # how figures name the rotation's own effect with distance (None: RoPE's cosines)
 
+    def check_length(self, length: int, dtype: torch.dtype) -> None:
+        """Before rotating positions 0..length − 1 in dtype: ``RangeError`` (one line) where the rotation cannot
+        represent them (xPos' scale in float16); the attention calls it with Python numbers, no device read."""
+
 
 def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Each pair (x_2i, x_2i+1) of x (B, H, T, d) rotated by the angle whose cos and sin are given per position and
@@ -187,6 +191,11 @@ class CrossBias(PositionScheme, nn.Module):
         """q_pos (T,) decoder positions, k_pos (B|1, S) each key's rank among its sentence's real tokens,
         src_lengths (B|1,) → (B|1, H, T, S)."""
         raise NotImplementedError
+
+
+class RangeError(ValueError):
+    """A position beyond what a slot's module can represent in the model's precision."""
+    one_line = True  # fairseq_plugins' excepthook prints the message alone
 
 
 SLOTS = (ProjectionBiases, Rotation, ScoreBias, RelativeProduct, CrossBias)  # in a block's order

@@ -146,6 +146,7 @@ class PositionalSelfAttention(PositionalAttention):
         slot = self.rotation if self.rotation is not None else self.score
         positions = slot_positions(slot, torch.arange(start, start + tgt_len, device=query.device), key_padding_mask)
         if self.rotation is not None:
+            self.rotation.check_length(start + tgt_len, q.dtype)
             q, k = self.rotation.rotate(q, k, positions)  # (B, H, T, d) each
         if saved is not None:
             if "prev_key" in saved:

@@ -16,7 +16,7 @@ Positions: n and m are counted from each sentence's first real token (``per_sent
 nothing). Only n − m matters to the logit; torchscale centres the positions to keep ζ^(±n/γ) small, but its centre
 moves as a decoder steps on while this attention caches keys already scaled. The cost is range: the factors,
 computed in float32 (float64 for a float64 model), stay normal float16 numbers up to n ≈ 7.7·γ (3,900 tokens at
-γ = 512), bfloat16 and float32 ones up to n ≈ 70·γ.
+γ = 512), bfloat16 and float32 ones up to n ≈ 70·γ; a longer input is refused in one line (``check_length``).
 
 The encoder gets the same two factors, as torchscale's self-attention applies them in any stack (xPos was made
 for causal models): for a key after its query the factor exceeds 1 and grows with the distance (pair 0's: 1.08 at
@@ -30,11 +30,15 @@ R_m (x ⊙ ζ^(−m/γ)), the transform of a single vector that figures use: a q
 (B, T) where the batch is padded.
 """
 
+import math
+
 import torch
 from torch import Tensor
 
 from ..flags import Flag, positive
-from .position_scheme import Rotation, rotate_pairs
+from .position_scheme import RangeError, Rotation, rotate_pairs
+
+ZETA_0 = 0.4 / 1.4  # ζ_0, the smallest scale (pair 0): its powers leave a dtype's range first
 
 
 class XPos(Rotation):
@@ -94,6 +98,17 @@ class XPos(Rotation):
     def alone(self) -> str:
         """What figures draw as the rotation alone (``Rotation.alone``), ``rotated``'s trace."""
         return f"mean_p ζ_p^(−(j − i)/γ)·cos((j − i)·θ_p), base {self.base:g}, γ = {self.scale_base:g}"
+
+    def check_length(self, length: int, dtype: torch.dtype) -> None:
+        """The scale of pair 0, ζ_0^(±n/γ) = 3.5^(±n/γ), leaves dtype's normal numbers past n = γ·ln(1/tiny)/ln 3.5
+        (float16: 7.7·γ; past 8.9·γ a key's factor is inf and the attention NaN): refused in one line before."""
+        tiny = torch.finfo(dtype).tiny
+        if dtype == torch.float64 or length - 1 <= self.scale_base * math.log(1 / tiny) / -math.log(ZETA_0):
+            return
+        longest = int(self.scale_base * math.log(1 / tiny) / -math.log(ZETA_0)) + 1
+        raise RangeError(f"xPos: position {length - 1} is beyond what its scale ζ^(±n/γ) can hold in {dtype} "
+                         f"(positions below {longest} at --xpos-scale-base {self.scale_base:g}): decode in bf16 or "
+                         "float32, shorten the input, or train with a larger --xpos-scale-base")
 
     def extra_repr(self):
         return f"head_dim={self.head_dim}, scale_base={self.scale_base:g}"
