@@ -1,9 +1,10 @@
 """xPos (fairseq_plugins/modules/xpos.py), in float64: the query's and the key's transforms against Sun et al.'s
 equation written pair by pair; q̃_n·k̃_m a function of n − m alone, equal to the paper's sum over pairs and to
 the logits of torchscale's centred positions (the authors' code, written out here); incremental decoding with beam
-reordering equals the full forward and a sentence alone equals it left-padded (in float32 too, beside a batch-mate
-long enough to take the padded indices' factors out of its range), with a scale base small enough that the scale
-matters; the figures' curves from its own transforms, and their titles; --xpos-scale-base reaching both stacks."""
+reordering equals the full forward and a sentence alone equals it left-padded (handed its own positions, not the
+padded indices), with a scale base small enough that the scale matters; positions a precision cannot hold refused
+in one line; the figures' curves from its own transforms, and their titles; --xpos-scale-base reaching both
+stacks."""
 import math
 
 import pytest
@@ -170,20 +171,34 @@ def test_the_figure_names_xpos_curves(tmp_path, monkeypatch):
     assert rotation.get_ylabel() == "logit / |q|²"
 
 
-def test_left_padding_leaves_a_sentences_numbers_alone():
-    """Positions from each sentence's first real token: a 3-token sentence left-padded beside a 600-token
-    batch-mate gets its numbers alone, in float32 with γ = 8, where the padded indices ~600 would take ζ^(n/γ)
-    past float32's range (3.5^75 ≈ 1e40; the batch-mate's own last rows overflow, as they would alone)."""
+def test_left_padding_leaves_a_sentences_numbers_alone(monkeypatch):
+    """Positions from each sentence's first real token: a 3-token sentence left-padded beside a 557-token batch-mate
+    (the longest float32 holds at γ = 8) gets its numbers alone, xPos being handed its own positions 0, 1, 2, not the
+    padded indices 554..556; a 600-token batch-mate, whose own factors would leave float32 (3.5^75 ≈ 1e40), is
+    refused in one line."""
+    from fairseq_plugins.modules.position_scheme import RangeError
+
     torch.manual_seed(3)
-    T, C, H = 600, 8, 2
-    attn = PositionalSelfAttention(C, H, XPos(C // H, scale_base=8.0)).eval()
-    x = torch.randn(T, 2, C)
-    padding = torch.zeros(2, T, dtype=torch.bool)
-    padding[0, :-3] = True
-    with torch.no_grad():
-        batched = attn(x, x, x, key_padding_mask=padding, need_weights=False)[0]
-        alone = attn(x[-3:, :1], x[-3:, :1], x[-3:, :1], need_weights=False)[0]
-    torch.testing.assert_close(batched[-3:, :1], alone, rtol=1e-5, atol=1e-6)
+    C, H = 8, 2
+    xpos = XPos(C // H, scale_base=8.0)
+    attn = PositionalSelfAttention(C, H, xpos).eval()
+    seen = []
+    rotate = xpos.rotate
+    monkeypatch.setattr(xpos, "rotate", lambda q, k, pos: seen.append(pos) or rotate(q, k, pos))
+    for T in (557, 600):
+        x = torch.randn(T, 2, C)
+        padding = torch.zeros(2, T, dtype=torch.bool)
+        padding[0, :-3] = True
+        with torch.no_grad():
+            if T == 600:
+                with pytest.raises(RangeError, match=r"^xPos: position 599 is beyond .* torch.float32 \(positions "
+                                                     r"below 558 at --xpos-scale-base 8\)"):
+                    attn(x, x, x, key_padding_mask=padding, need_weights=False)
+                continue
+            batched = attn(x, x, x, key_padding_mask=padding, need_weights=False)[0]
+            assert seen[-1][0, -3:].tolist() == [0, 1, 2] and seen[-1][1, -3:].tolist() == [554, 555, 556]
+            alone = attn(x[-3:, :1], x[-3:, :1], x[-3:, :1], need_weights=False)[0]
+        torch.testing.assert_close(batched[-3:, :1], alone, rtol=1e-5, atol=1e-6)
 
 
 def test_positions_float16_cannot_hold_are_refused_in_one_line():
