@@ -1,7 +1,7 @@
 """Every-layer positions (modules/every_layer.py), a scheme of position_transformer under its own architecture
 names (transformer_every_layer_pos*): the absolute encoding at every block's input, against a computation written
 out by hand with fairseq's own layers; learned tables; incremental decoding; built by position_transformer's stacks
-through the contract's ``every_block``."""
+through the face's ``every_block``."""
 import argparse
 import math
 

@@ -887,13 +887,13 @@ def test_a_flag_of_one_scheme_on_another_is_refused_in_one_line(owner, flag):
 
 
 def test_a_scheme_without_hooks_is_fairseqs_attention():
-    """The contract's defaults (no rotation, no bias) through PositionalSelfAttention's one path are fairseq's own
+    """No slot's module (no rotation, no bias) through PositionalSelfAttention's one path is fairseq's own
     MultiheadAttention, with padding and the causal mask, in full and step by step."""
     from fairseq.modules import MultiheadAttention
 
     torch.manual_seed(0)
     T, B, C, H = 5, 2, 8, 2
-    ours = PositionalSelfAttention(C, H, PositionScheme()).double().eval()
+    ours = PositionalSelfAttention(C, H, None).double().eval()
     theirs = MultiheadAttention(C, H, self_attention=True).double().eval()
     theirs.load_state_dict(ours.state_dict())
     x = torch.randn(T, B, C, dtype=torch.float64)
@@ -907,13 +907,13 @@ def test_a_scheme_without_hooks_is_fairseqs_attention():
 
 
 def test_before_softmax_is_fairseqs_logits_with_the_schemes_bias():
-    """fairseq's before_softmax ((B·H, T, S) logits after the masks, and v) from PositionalSelfAttention: with the
-    contract's defaults, fairseq's own; with a bias (T5), logits whose softmax is the attention's head weights."""
+    """fairseq's before_softmax ((B·H, T, S) logits after the masks, and v) from PositionalSelfAttention: with
+    no slot's module, fairseq's own; with a bias (T5), logits whose softmax is the attention's head weights."""
     from fairseq.modules import MultiheadAttention
 
     torch.manual_seed(0)
     T, B, C, H = 5, 2, 8, 2
-    ours = PositionalSelfAttention(C, H, PositionScheme()).double().eval()
+    ours = PositionalSelfAttention(C, H, None).double().eval()
     theirs = MultiheadAttention(C, H, self_attention=True).double().eval()
     theirs.load_state_dict(ours.state_dict())
     theirs.skip_embed_dim_check = True  # fairseq's own product (its call of torch's fused one skips before_softmax)

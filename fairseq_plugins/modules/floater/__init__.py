@@ -18,7 +18,8 @@ added to block n's q/k/v projections at position i, so h ≡ 0 with b(0) = 0 is 
 - ``shared_solve.py`` one solve per update shared by its micro-batches (opt-in, ``--floater-shared-solve``);
 - ``update_count.py`` the model's own count of its training updates, for loops that never call set_num_updates;
 - ``scheme.py``      ``Floater``, the row of ``position_transformer`` (``fairseq_plugins/schemes.py``): its flags,
-  and the binding of the flows' output to a stack's attention projections through the contract's hooks.
+  and the binding of the flows' output to a stack's attention projections (the projection-bias slot);
+- ``model.py``      FLOATER's work around a forward, in its own model and stack classes.
 
 This file is the package's public interface: the model and the scripts import from here (the tests of a module
 import that module); ``CUDA_GRAPHS`` is the process's captured solves (reset, captured_buckets, held_bytes).

@@ -111,7 +111,7 @@ class Floater(ProjectionBiases):
 
     @classmethod
     def validate(cls, args):
-        """The flags that contradict each other or the machine (each value alone: ``check_values``)."""
+        """The flags that contradict each other or the machine (each value alone: its flag's parser)."""
         if args.floater_cache_whole_bias and args.floater_update_every == 1:
             raise FlagError("--floater-cache-whole-bias needs --floater-update-every N > 1 (with N = 1 no update "
                             "reuses cached biases)")
