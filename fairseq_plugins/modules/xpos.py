@@ -102,13 +102,14 @@ class XPos(Rotation):
     def check_length(self, length: int, dtype: torch.dtype) -> None:
         """The scale of pair 0, ζ_0^(±n/γ) = 3.5^(±n/γ), leaves dtype's normal numbers past n = γ·ln(1/tiny)/ln 3.5
         (float16: 7.7·γ; past 8.9·γ a key's factor is inf and the attention NaN): refused in one line before."""
-        tiny = torch.finfo(dtype).tiny
-        if dtype == torch.float64 or length - 1 <= self.scale_base * math.log(1 / tiny) / -math.log(ZETA_0):
+        if dtype == torch.float64:
             return
-        longest = int(self.scale_base * math.log(1 / tiny) / -math.log(ZETA_0)) + 1
-        raise RangeError(f"xPos: position {length - 1} is beyond what its scale ζ^(±n/γ) can hold in {dtype} "
-                         f"(positions below {longest} at --xpos-scale-base {self.scale_base:g}): decode in bf16 or "
-                         "float32, shorten the input, or train with a larger --xpos-scale-base")
+        longest = int(self.scale_base * math.log(1 / torch.finfo(dtype).tiny) / -math.log(ZETA_0)) + 1
+        if length > longest:
+            wider = "decode in bf16 or float32, " if dtype == torch.float16 else ""
+            raise RangeError(f"xPos: position {length - 1} is beyond what its scale ζ^(±n/γ) can hold in {dtype} "
+                             f"(positions below {longest} at --xpos-scale-base {self.scale_base:g}): {wider}shorten "
+                             "the input, or train with a larger --xpos-scale-base")
 
     def extra_repr(self):
         return f"head_dim={self.head_dim}, scale_base={self.scale_base:g}"
